@@ -1,0 +1,66 @@
+"""Statistics of norm layers during training (the BN paper's Figure 1 comes from these logs).
+
+Every `every_n_steps` training steps, for each selected norm layer, logs
+  norm/<layer>/in_mean, in_std    mean and std of the norm's input
+  norm/<layer>/out_mean, out_std  the same for its output (the pre-activation)
+  preact/<layer>/p15, p50, p85    percentiles of the pre-activation of one unit (channel `unit`)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torch import nn
+
+QUANTILES = torch.tensor([0.15, 0.50, 0.85])
+
+
+def default_layers(model: nn.Module) -> list[str]:
+    """Modules whose own name starts with 'norm' (LeNet's norm1..norm4, blocks' norms)."""
+    return [name for name, _ in model.named_modules() if name.rsplit(".", 1)[-1].startswith("norm")]
+
+
+class NormStats(pl.Callback):
+    """Log input/output moments of norm layers and pre-activation percentiles of one unit."""
+
+    def __init__(self, every_n_steps: int = 50, layers: list[str] | None = None, unit: int = 0):
+        self.every_n_steps = every_n_steps
+        self.layers = layers
+        self.unit = unit
+        self._handles: list[Any] = []
+        self._stats: dict[str, torch.Tensor] = {}
+
+    def _record(self, name: str):
+        def hook(_module: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
+            x, y = args[0].detach().float(), out.detach().float()
+            unit = y.select(1, self.unit) if y.ndim > 1 else y  # channel/feature `unit`
+            q = torch.quantile(unit.flatten(), QUANTILES.to(unit.device))
+            self._stats[name] = torch.stack([x.mean(), x.std(), y.mean(), y.std(), *q])
+
+        return hook
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        names = self.layers or default_layers(pl_module)
+        missing = sorted(set(names) - {n for n, _ in pl_module.named_modules()})
+        if missing:
+            raise ValueError(f"callbacks.norm_stats.layers: no such modules {missing}")
+        self._modules = {n: pl_module.get_submodule(n) for n in names}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step % self.every_n_steps == 0:
+            self._handles = [
+                m.register_forward_hook(self._record(n)) for n, m in self._modules.items()
+            ]
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        keys = ("in_mean", "in_std", "out_mean", "out_std", "p15", "p50", "p85")
+        for name, values in self._stats.items():
+            for key, value in zip(keys, values.tolist(), strict=True):
+                group = "preact" if key.startswith("p") else "norm"
+                pl_module.log(f"{group}/{name}/{key}", value, on_step=True, on_epoch=False)
+        self._stats = {}

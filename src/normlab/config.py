@@ -1,0 +1,59 @@
+"""OmegaConf resolvers used by conf/ and checks of the composed config before any work starts."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+
+from omegaconf import DictConfig, OmegaConf
+
+from normlab.errors import ConfigError
+
+
+def _uid() -> str:
+    # Cached per config (use_cache), so one run's dirs agree; distinct across processes.
+    return f"{os.getpid() % 100000:05d}{secrets.token_hex(2)}"
+
+
+def _slug(text: str, limit: int = 80) -> str:
+    slug = re.sub(r"[^A-Za-z0-9=.,_+-]+", "_", str(text)).strip("_")
+    return slug[:limit] or "default"
+
+
+def register_resolvers() -> None:
+    """Register normlab's resolvers once (safe to call repeatedly)."""
+    if not OmegaConf.has_resolver("normlab.uid"):
+        OmegaConf.register_new_resolver("normlab.uid", _uid, use_cache=True)
+    if not OmegaConf.has_resolver("normlab.slug"):
+        OmegaConf.register_new_resolver("normlab.slug", _slug)
+    if not OmegaConf.has_resolver("normlab.ddp_backend"):
+        OmegaConf.register_new_resolver(
+            "normlab.ddp_backend", lambda acc: "nccl" if acc in ("gpu", "cuda") else "gloo"
+        )
+
+
+register_resolvers()
+
+
+def _positive_int(cfg: DictConfig, key: str) -> None:
+    value = OmegaConf.select(cfg, key)
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{key} must be a positive integer, got {value!r}")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Fail fast on values that cannot work, naming the key and the value."""
+    _positive_int(cfg, "batch")
+    _positive_int(cfg, "trainer.devices")
+    lr = OmegaConf.select(cfg, "optim.optimizer.lr")
+    if lr is not None and (not isinstance(lr, (int, float)) or lr <= 0):
+        raise ConfigError(f"optim.optimizer.lr must be a positive number, got {lr!r}")
+    warmup = OmegaConf.select(cfg, "optim.warmup_steps")
+    if warmup is not None and (not isinstance(warmup, int) or warmup < 0):
+        raise ConfigError(f"optim.warmup_steps must be an integer >= 0, got {warmup!r}")
+    epochs = OmegaConf.select(cfg, "trainer.max_epochs")
+    if epochs is not None and epochs != -1 and (not isinstance(epochs, int) or epochs <= 0):
+        raise ConfigError(f"trainer.max_epochs must be a positive integer, got {epochs!r}")

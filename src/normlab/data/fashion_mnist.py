@@ -1,0 +1,127 @@
+"""Fashion-MNIST as one normalized tensor in memory, read with torchvision's FashionMNIST reader."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+from torchvision.datasets import FashionMNIST
+
+from normlab.data.integrity import verify
+from normlab.data.tensor_loader import TensorLoader
+from normlab.errors import DataError
+
+# sha256 of the official release files (the unpacked files torchvision reads).
+SHA256 = {
+    "train-images-idx3-ubyte": "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",
+    "train-labels-idx1-ubyte": "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9",
+    "t10k-images-idx3-ubyte": "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",
+    "t10k-labels-idx1-ubyte": "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34",
+}
+CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+           "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")  # fmt: skip
+
+
+class FashionMNISTDataModule(pl.LightningDataModule):
+    """Train/val/test splits as float tensors (N, 1, 28, 28), standardized with train mean/std."""
+
+    num_classes = 10
+    input_shape = (1, 28, 28)
+
+    def __init__(
+        self,
+        root: str = "data",
+        batch_size: int = 256,
+        val_size: int = 5000,
+        split_seed: int = 0,
+        download: bool = True,
+        eval_batch_size: int = 1000,
+    ):
+        super().__init__()
+        self.root = Path(root)
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size
+        self.val_size = val_size
+        self.split_seed = split_seed
+        self.download = download
+        self.splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.mean = self.std = 0.0
+
+    @property
+    def raw_dir(self) -> Path:
+        return self.root / "FashionMNIST" / "raw"
+
+    def _hint(self) -> str:
+        return (
+            f"Put the four official Fashion-MNIST files ({', '.join(f + '.gz' for f in SHA256)}) "
+            f"in {self.raw_dir} (or set NORMLAB_DATA / data.root to a folder holding "
+            "FashionMNIST/raw), or run once with network access to download them."
+        )
+
+    def prepare_data(self) -> None:
+        """Download when files are missing (and allowed); then verify every file's checksum."""
+        missing = [f for f in SHA256 if not (self.raw_dir / f).exists()]
+        if missing and self.download:
+            try:
+                for train in (True, False):
+                    FashionMNIST(str(self.root), train=train, download=True)
+            except Exception as err:  # offline, mirror down, disk full...
+                raise DataError(
+                    f"Fashion-MNIST download into {self.raw_dir} failed ({err}). " + self._hint()
+                ) from None
+        for name, digest in SHA256.items():
+            verify(self.raw_dir / name, digest, self._hint())
+
+    def _read(self, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        ds = FashionMNIST(str(self.root), train=train, download=False)
+        return ds.data, ds.targets
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.splits:
+            return
+        self.prepare_data()
+        images, labels = self._read(train=True)
+        test_images, test_labels = self._read(train=False)
+        if self.val_size >= len(images):
+            raise DataError(
+                f"data.val_size={self.val_size} leaves no training images "
+                f"(the split has {len(images)})"
+            )
+        order = torch.randperm(
+            len(images), generator=torch.Generator().manual_seed(self.split_seed)
+        )
+        train_idx, val_idx = order[self.val_size :], order[: self.val_size]
+        pixels = images[train_idx].float().div_(255)
+        self.mean, self.std = pixels.mean().item(), pixels.std().item()
+
+        def norm(x: torch.Tensor) -> torch.Tensor:
+            return x.float().div_(255).sub_(self.mean).div_(self.std).unsqueeze(1)
+
+        self.splits = {
+            "train": (norm(images[train_idx]), labels[train_idx]),
+            "val": (norm(images[val_idx]), labels[val_idx]),
+            "test": (norm(test_images), test_labels),
+        }
+
+    def _loader(self, split: str, train: bool) -> TensorLoader:
+        trainer = self.trainer
+        return TensorLoader(
+            self.splits[split],
+            self.batch_size if train else self.eval_batch_size,
+            shuffle=train,
+            drop_last=train,  # a last batch of 1 would break BatchNorm mid-epoch
+            seed=torch.initial_seed() % (2**31),
+            rank=trainer.global_rank if trainer else 0,
+            world_size=trainer.world_size if trainer else 1,
+            epoch_fn=lambda: trainer.current_epoch if trainer else 0,
+        )
+
+    def train_dataloader(self) -> TensorLoader:
+        return self._loader("train", train=True)
+
+    def val_dataloader(self) -> TensorLoader:
+        return self._loader("val", train=False)
+
+    def test_dataloader(self) -> TensorLoader:
+        return self._loader("test", train=False)

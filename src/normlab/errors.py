@@ -1,0 +1,13 @@
+"""Errors a user can fix: raised before work starts, printed as one clear line."""
+
+
+class UserError(ValueError):
+    """Bad input (config, combination, data): the message names the cause and the numbers."""
+
+
+class ConfigError(UserError):
+    """A config value or combination that cannot work."""
+
+
+class DataError(UserError):
+    """Missing, truncated or corrupted data files."""

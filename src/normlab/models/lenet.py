@@ -1,0 +1,86 @@
+"""LeNet-5 with a norm after every conv and fc layer but the last (d2l, BatchNorm chapter)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+from torch import nn
+
+from normlab.errors import ConfigError
+from normlab.norms import needs_spatial, norm_from_config
+
+ACTIVATIONS = {"sigmoid": nn.Sigmoid, "relu": nn.ReLU}
+NONE = {"name": "none"}
+
+
+class LeNet(nn.Module):
+    """conv 6 -> pool -> conv 16 -> pool -> fc 120 -> fc 84 -> fc 10, norms from the registry.
+
+    Features are channels-first (N, C, H, W) / (N, C): a layer norm normalizes each sample over
+    (C, H, W) as in the GN paper. `norm` normalizes the conv layers; `fc_norm` the fc layers:
+    "auto" uses `norm` there too,
+    except for a norm that needs spatial extent (instancenorm), which an fc layer lacks — those
+    layers then get no norm. An explicit fc_norm config is used as given.
+    """
+
+    input_shape = (1, 28, 28)
+
+    def __init__(
+        self,
+        norm: Mapping[str, Any],
+        fc_norm: Mapping[str, Any] | str = "auto",
+        activation: str = "sigmoid",
+        num_classes: int = 10,
+    ):
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ConfigError(
+                f"model.net.activation={activation!r}: choose one of {list(ACTIVATIONS)}"
+            )
+        if fc_norm == "auto":
+            fc_norm = NONE if needs_spatial(norm["name"]) else norm
+        elif isinstance(fc_norm, str):
+            fc_norm = {"name": fc_norm}
+        act = ACTIVATIONS[activation]
+
+        def build(spec: Mapping[str, Any], features: int, layer: str) -> nn.Module:
+            try:
+                return norm_from_config(spec, features, channel_dim=1)
+            except ValueError as err:
+                raise ConfigError(f"{layer} ({features} features): {err}") from err
+
+        # ----- feature extractor: (B, 1, 28, 28) -> (B, 16, 4, 4)
+        self.features = nn.Sequential(
+            OrderedDict(
+                conv1=nn.Conv2d(1, 6, kernel_size=5),
+                norm1=build(norm, 6, "features.norm1"),
+                act1=act(),
+                pool1=nn.AvgPool2d(2, 2),
+                conv2=nn.Conv2d(6, 16, kernel_size=5),
+                norm2=build(norm, 16, "features.norm2"),
+                act2=act(),
+                pool2=nn.AvgPool2d(2, 2),
+            )
+        )
+        # ----- classifier: (B, 256) -> (B, num_classes); act4's output is the penultimate feature
+        self.classifier = nn.Sequential(
+            OrderedDict(
+                flatten=nn.Flatten(),
+                fc1=nn.Linear(16 * 4 * 4, 120),
+                norm3=build(fc_norm, 120, "classifier.norm3"),
+                act3=act(),
+                fc2=nn.Linear(120, 84),
+                norm4=build(fc_norm, 84, "classifier.norm4"),
+                act4=act(),
+                fc3=nn.Linear(84, num_classes),
+            )
+        )
+
+    def forward(self, x):
+        return self.classifier(self.features(x))  # (B, num_classes)
+
+    def penultimate(self, x):
+        """The 84 activations before the last layer (features for fid_lenet)."""
+        return self.classifier[:-1](self.features(x))  # (B, 84)

@@ -1,0 +1,137 @@
+"""What every normlab norm shares: the error type, argument checks, `impl` dispatch, affine."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from normlab.errors import UserError
+
+
+class NormConfigError(UserError):
+    """A norm was asked for with arguments or an input it cannot work with."""
+
+
+def check_positive_int(family: str, name: str, value: object) -> int:
+    """Return `value` if it is an int > 0, else raise NormConfigError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise NormConfigError(f"{family}: {name} must be a positive integer, got {value!r}")
+    return value
+
+
+def check_eps(family: str, eps: float | None, allow_none: bool = False) -> float | None:
+    """Return `eps` if it is a number >= 0 (or None when allowed), else raise NormConfigError."""
+    if eps is None and allow_none:
+        return None
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps < 0:
+        raise NormConfigError(f"{family}: eps must be a number >= 0, got {eps!r}")
+    return float(eps)
+
+
+def channel_view(t: torch.Tensor, ndim: int) -> torch.Tensor:
+    """View a per-channel tensor of shape (C,) as (1, C, 1, ..., 1) for an `ndim`-dim input."""
+    return t.view(1, -1, *([1] * (ndim - 2)))
+
+
+class Norm(nn.Module):
+    """Base of every normlab norm: checks `impl`/`sync`, dispatches forward, owns weight/bias."""
+
+    family: ClassVar[str] = "norm"
+    impls: ClassVar[tuple[str, ...]] = ("fast", "reference")
+    syncable: ClassVar[bool] = False
+    # where the family's features sit: 1 for (N, C, *) families, -1 for (..., D) families
+    natural_channel_dim: ClassVar[int] = 1
+
+    def __init__(self, impl: str = "fast", sync: bool = False) -> None:
+        super().__init__()
+        if impl not in self.impls:
+            raise NormConfigError(
+                f"{self.family}: impl must be one of {list(self.impls)}, got {impl!r}"
+            )
+        if sync and not self.syncable:
+            raise NormConfigError(f"{self.family}: sync=True is only supported by batchnorm")
+        self.impl = impl
+        self.sync = bool(sync)
+        self.channel_dim = self.natural_channel_dim
+
+    def set_channel_dim(self, channel_dim: int) -> Norm:
+        """Where the input's features are: 1 for (N, C, *spatial), -1 for (..., D).
+
+        A (N, C, *) family given channel_dim=-1 normalizes the last dim of (B, T, D) as its
+        channels (B and T are its batch/positions); a (..., D) family given channel_dim=1
+        normalizes each sample over (C, *spatial) with a per-channel affine (the GN paper's
+        LayerNorm for conv features).
+        """
+        if channel_dim not in (1, -1):
+            raise NormConfigError(
+                f"{self.family}: channel_dim must be 1 or -1, got {channel_dim!r}"
+            )
+        self.channel_dim = channel_dim
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.channel_dim == -1 and self.natural_channel_dim == 1:
+            return self._natural_forward(x.movedim(-1, 1)).movedim(1, -1)
+        return self._natural_forward(x)
+
+    def _natural_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Forward on an input in the family's own layout."""
+        self._check_input(x)
+        return self._fast(x) if self.impl == "fast" else self._reference(x)
+
+    def _check_input(self, x: torch.Tensor) -> None:
+        """Raise NormConfigError if this norm cannot normalise `x`."""
+
+    def _fast(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _reference(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _init_affine(self, shape: tuple[int, ...], weight: bool, bias: bool) -> None:
+        """Register `weight` (ones) and `bias` (zeros) of `shape`, or None when switched off."""
+        self.register_parameter("weight", nn.Parameter(torch.ones(shape)) if weight else None)
+        self.register_parameter("bias", nn.Parameter(torch.zeros(shape)) if bias else None)
+
+    def reset_parameters(self) -> None:
+        """Set the weight to ones and the bias to zeros (the identity affine map)."""
+        if self.weight is not None:
+            nn.init.ones_(self.weight)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def _check_channels(self, x: torch.Tensor, num_channels: int, min_dim: int = 2) -> None:
+        """Raise unless `x` is (N, C, *) with at least `min_dim` dims and C == num_channels."""
+        if x.dim() < min_dim:
+            raise NormConfigError(
+                f"{self.family} needs an input with at least {min_dim} dims (N, C, ...), "
+                f"got input of shape {tuple(x.shape)}"
+            )
+        if x.shape[1] != num_channels:
+            raise NormConfigError(
+                f"{self.family} was built for {num_channels} channels (dim 1), "
+                f"got input of shape {tuple(x.shape)}"
+            )
+
+    def _check_trailing(self, x: torch.Tensor, shape: tuple[int, ...]) -> None:
+        """Raise unless the trailing dims of `x` equal `shape`."""
+        if tuple(x.shape[x.dim() - len(shape) :]) != shape or x.dim() < len(shape):
+            raise NormConfigError(
+                f"{self.family} was built for trailing dims {shape}, "
+                f"got input of shape {tuple(x.shape)}"
+            )
+
+
+class NoNorm(Norm):
+    """The `none` choice: returns its input unchanged."""
+
+    family = "none"
+
+    def __init__(self, num_features: int | None = None, impl: str = "fast", sync: bool = False):
+        super().__init__(impl, sync)
+        self._init_affine((), weight=False, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x

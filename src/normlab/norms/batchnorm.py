@@ -1,0 +1,145 @@
+"""Batch normalization (Ioffe & Szegedy, 2015): hand-written backward, cross-process sync."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from normlab.norms.base import NormConfigError, channel_view
+from normlab.norms.running import RunningStatsNorm
+
+
+def _world_size() -> int:
+    """Number of processes statistics are synchronised over (1 when not distributed)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return 1
+
+
+class BatchNormFunction(torch.autograd.Function):
+    """Batch norm with batch statistics and the BN paper's backward, summed over all processes.
+
+    Forward all-reduces one tensor (sum, sum of squares, count) per channel; backward
+    all-reduces the two sums its equations need (sum dy, sum dy * xhat). With one process
+    (or torch.distributed not initialised) nothing is reduced: this is the `manual` impl.
+    Returns (y, mean, unbiased var); the statistics are for the running averages.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        dims = (0, *range(2, x.dim()))
+        c = x.shape[1]
+        # statistics over all but dim 1 (N and spatial), accumulated in float64 so that
+        # var = E[x^2] - mean^2 does not cancel; one tensor so that one all-reduce suffices
+        x64 = x.to(torch.float64)
+        count = torch.full((1,), x.numel() // c, dtype=torch.float64, device=x.device)
+        stats = torch.cat([x64.sum(dims), (x64 * x64).sum(dims), count])
+        if _world_size() > 1:
+            dist.all_reduce(stats)
+        n = stats[-1].item()
+        if n <= 1:
+            raise NormConfigError(
+                f"batchnorm in training needs more than 1 value per channel over all processes, "
+                f"got {int(n)} (local input of shape {tuple(x.shape)})"
+            )
+        mean64 = stats[:c] / n
+        var64 = (stats[c : 2 * c] / n - mean64 * mean64).clamp_min(0.0)  # biased
+        mean = mean64.to(x.dtype)
+        invstd = torch.rsqrt(var64 + eps).to(x.dtype)
+        xhat = (x - channel_view(mean, x.dim())) * channel_view(invstd, x.dim())
+        y = xhat
+        if weight is not None:
+            y = xhat * channel_view(weight, x.dim()) + channel_view(bias, x.dim())
+        ctx.save_for_backward(xhat, invstd, weight)
+        ctx.n = n
+        var_unbiased = (var64 * (n / (n - 1))).to(x.dtype)
+        ctx.mark_non_differentiable(mean, var_unbiased)
+        return y, mean, var_unbiased
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy, _dmean, _dvar):
+        xhat, invstd, weight = ctx.saved_tensors
+        n, ndim, c = ctx.n, dy.dim(), dy.shape[1]
+        dims = (0, *range(2, ndim))
+        sums = torch.cat([dy.sum(dims), (dy * xhat).sum(dims)])
+        dbeta, dgamma = sums[:c].clone(), sums[c:].clone()  # this process's share, as DDP expects
+        if _world_size() > 1:
+            dist.all_reduce(sums)
+        sum_dy, sum_dy_xhat = sums[:c], sums[c:]
+        gamma = weight if weight is not None else torch.ones_like(invstd)
+        # The BN paper's equations with dxhat = dy * gamma and (x - mean) = xhat / invstd:
+        #   dl/dvar  = sum(dxhat * (x - mean)) * -1/2 * (var + eps)^(-3/2)
+        #   dl/dmean = sum(dxhat) * -1 / sqrt(var + eps)   (its dl/dvar term sums (x - mean) = 0)
+        #   dl/dx    = dxhat / sqrt(var + eps) + dl/dvar * 2 (x - mean) / n + dl/dmean / n
+        dvar = -0.5 * gamma * sum_dy_xhat * invstd * invstd
+        dmean = -gamma * sum_dy * invstd
+        dx = None
+        if ctx.needs_input_grad[0]:
+            dx = (
+                dy * channel_view(gamma * invstd, ndim)
+                + xhat * channel_view(dvar * 2.0 / (n * invstd), ndim)
+                + channel_view(dmean / n, ndim)
+            )
+        has_affine = weight is not None
+        return (
+            dx,
+            dgamma if has_affine and ctx.needs_input_grad[1] else None,
+            dbeta if has_affine and ctx.needs_input_grad[2] else None,
+            None,
+        )
+
+
+class BatchNorm(RunningStatsNorm):
+    """Batch normalization over (N, C), (N, C, L) or (N, C, H, W): statistics over all but C."""
+
+    family = "batchnorm"
+    impls = ("fast", "reference", "manual")
+    syncable = True
+
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        impl: str = "fast",
+        sync: bool = False,
+    ) -> None:
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, impl, sync)
+
+    def _reduce_dims(self, x: torch.Tensor) -> tuple[int, ...]:
+        return (0, *range(2, x.dim()))
+
+    def _syncing(self) -> bool:
+        # as torch's SyncBatchNorm: only in training, when ranks step together
+        return self.sync and self.training and _world_size() > 1
+
+    def _check_input(self, x: torch.Tensor) -> None:
+        if self._syncing():  # the count that matters is the global one, checked after reducing
+            self._check_channels(x, self.num_features)
+        else:
+            super()._check_input(x)
+
+    def _fast(self, x: torch.Tensor, factor: float) -> torch.Tensor:
+        track = not self.training or self.track_running_stats
+        return F.batch_norm(
+            x,
+            self.running_mean if track else None,
+            self.running_var if track else None,
+            self.weight,
+            self.bias,
+            self._use_batch_stats(),
+            factor,
+            self.eps,
+        )
+
+    def _normalize_with_batch_stats(
+        self, x: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.impl == "manual" or self._syncing():
+            return BatchNormFunction.apply(x, self.weight, self.bias, self.eps)
+        return super()._normalize_with_batch_stats(x)

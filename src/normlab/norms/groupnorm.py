@@ -1,0 +1,55 @@
+"""Group normalization (Wu & He, 2018): per sample, over groups of channels and spatial dims."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from normlab.norms.base import Norm, NormConfigError, channel_view, check_eps, check_positive_int
+
+
+class GroupNorm(Norm):
+    """Group normalization over (N, C, *): C split into `num_groups` groups of C / G channels."""
+
+    family = "groupnorm"
+
+    def __init__(
+        self,
+        num_features: int,
+        num_groups: int = 32,
+        eps: float = 1e-5,
+        affine: bool = True,
+        impl: str = "fast",
+        sync: bool = False,
+    ) -> None:
+        super().__init__(impl, sync)
+        self.num_features = check_positive_int(self.family, "num_features", num_features)
+        self.num_groups = check_positive_int(self.family, "num_groups", num_groups)
+        if num_features % num_groups:
+            raise NormConfigError(
+                f"groupnorm: num_groups={num_groups} does not divide num_channels={num_features}"
+            )
+        self.eps = check_eps(self.family, eps)
+        self.affine = affine
+        self._init_affine((num_features,), affine, affine)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.num_features}, num_groups={self.num_groups}, eps={self.eps}, "
+            f"affine={self.affine}, impl={self.impl!r}"
+        )
+
+    def _check_input(self, x: torch.Tensor) -> None:
+        self._check_channels(x, self.num_features)
+
+    def _fast(self, x: torch.Tensor) -> torch.Tensor:
+        return F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
+
+    def _reference(self, x: torch.Tensor) -> torch.Tensor:
+        groups = x.reshape(x.shape[0], self.num_groups, -1)  # (N, G, C/G * spatial)
+        mean = groups.mean(2, keepdim=True)  # over the group's channels and positions
+        var = groups.var(2, correction=0, keepdim=True)
+        y = ((groups - mean) / torch.sqrt(var + self.eps)).reshape(x.shape)
+        if self.weight is not None:
+            y = y * channel_view(self.weight, x.dim()) + channel_view(self.bias, x.dim())
+        return y

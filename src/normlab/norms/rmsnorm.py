@@ -1,0 +1,180 @@
+"""RMSNorm (Zhang & Sennrich, 2019) and partial RMSNorm: no centring, divide by the rms."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from normlab.norms.base import Norm, NormConfigError, channel_view, check_eps
+from normlab.norms.layernorm import trailing_shape
+
+
+def _full_rms_backward(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    inv_rms: torch.Tensor,
+    needs_grad: tuple[bool, ...],
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(dx, dw) when the rms uses every feature, on LayerNorm's fused backward kernel.
+
+    With mean 0 and rstd = 1 / rms, LayerNorm's backward is RMSNorm's except for its
+    centring term -inv_rms * mean(dy * w), which is added back.
+    """
+    need_x, need_w = needs_grad[0], weight is not None and needs_grad[1]
+    dx, dw, _ = torch.ops.aten.native_layer_norm_backward(
+        dy,
+        x,
+        [x.shape[1]],
+        torch.zeros_like(inv_rms),
+        inv_rms,
+        weight,
+        None,
+        [need_x, need_w, False],
+    )
+    if need_x:
+        mean_dyw = torch.mv(dy, weight) if weight is not None else dy.sum(1)  # (R,)
+        dx.add_(mean_dyw.view(-1, 1).mul_(inv_rms).div_(x.shape[1]))
+    return dx, dw
+
+
+class RMSNormFunction(torch.autograd.Function):
+    """y = x / rms * w over rows of a (R, D) input, rms from the first k features.
+
+    rms = sqrt(mean(x[:, :k]^2) + eps). Written for CPU memory traffic: no x^2 intermediate
+    (the norm comes from `vector_norm`), one full-size allocation in forward and in backward.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, eps, k):
+        sq_norm = torch.linalg.vector_norm(x[:, :k], dim=1, keepdim=True).square_()  # (R, 1)
+        inv_rms = sq_norm.div_(k).add_(eps).rsqrt_()
+        y = torch.mul(x, inv_rms)
+        if weight is not None:
+            y.mul_(weight)
+        ctx.save_for_backward(x, weight, inv_rms)
+        ctx.k = k
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        x, weight, inv_rms = ctx.saved_tensors
+        k = ctx.k
+        if k == x.shape[1]:
+            return (*_full_rms_backward(dy, x, weight, inv_rms, ctx.needs_input_grad), None, None)
+        # with xhat = x * inv_rms:  dw = sum over rows of dy * xhat
+        #   dx = inv_rms * (dy * w - x[:, :k] * inv_rms * sum(dy * w * xhat) / k)
+        # (the second term only where x entered the rms). Plain reductions are cheaper here
+        # than matrix-vector products, and `buf` is the one full-size allocation, reused for dx.
+        buf = torch.mul(dy, x).mul_(inv_rms)  # dy * xhat
+        dw = buf.sum(0) if weight is not None and ctx.needs_input_grad[1] else None
+        if not ctx.needs_input_grad[0]:
+            return None, dw, None, None
+        if weight is not None:
+            buf.mul_(weight)
+        coef = buf.sum(1, keepdim=True).mul_(inv_rms).div_(-k)  # (R, 1)
+        dx = torch.mul(dy, weight, out=buf) if weight is not None else buf.copy_(dy)
+        dx[:, :k].addcmul_(x[:, :k], coef)
+        dx.mul_(inv_rms)
+        return dx, dw, None, None
+
+
+class RMSNorm(Norm):
+    """RMSNorm over the trailing dims `normalized_shape` of (..., *normalized_shape).
+
+    eps=None means torch.finfo(input dtype).eps, as torch.nn.RMSNorm.
+    """
+
+    family = "rmsnorm"
+    natural_channel_dim = -1
+
+    def __init__(
+        self,
+        num_features: int,
+        eps: float | None = None,
+        elementwise_affine: bool = True,
+        normalized_shape: int | Sequence[int] | None = None,
+        impl: str = "fast",
+        sync: bool = False,
+    ) -> None:
+        super().__init__(impl, sync)
+        self.normalized_shape = trailing_shape(self.family, num_features, normalized_shape)
+        self.eps = check_eps(self.family, eps, allow_none=True)
+        self.elementwise_affine = elementwise_affine
+        self._init_affine(self.normalized_shape, elementwise_affine, bias=False)
+        self.num_stat_features = math.prod(self.normalized_shape)  # k: features in the rms
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.normalized_shape}, eps={self.eps}, "
+            f"elementwise_affine={self.elementwise_affine}, impl={self.impl!r}"
+        )
+
+    def _eps(self, x: torch.Tensor) -> float:
+        return torch.finfo(x.dtype).eps if self.eps is None else self.eps
+
+    def set_channel_dim(self, channel_dim: int) -> Norm:
+        if channel_dim == 1 and len(self.normalized_shape) != 1:
+            raise NormConfigError(
+                f"{self.family}: channel_dim=1 needs one feature dim, "
+                f"got normalized_shape={self.normalized_shape}"
+            )
+        return super().set_channel_dim(channel_dim)
+
+    def _check_input(self, x: torch.Tensor) -> None:
+        if self.channel_dim == 1:
+            self._check_channels(x, self.normalized_shape[0])
+        else:
+            self._check_trailing(x, self.normalized_shape)
+
+    def _rows(self, x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+        """x as rows (R, D) holding one statistic each, and (positions per feature, k)."""
+        if self.channel_dim == 1:  # one row per sample: (N, C * spatial), channel-major
+            spatial = x[0, 0].numel()
+            return x.reshape(x.shape[0], -1), spatial, self.num_stat_features * spatial
+        d = math.prod(self.normalized_shape)
+        return x.reshape(-1, d), 1, self.num_stat_features
+
+    def _fast(self, x: torch.Tensor) -> torch.Tensor:
+        rows, spatial, k = self._rows(x)
+        weight = None if self.weight is None else self.weight.reshape(-1)
+        if weight is not None and spatial > 1:
+            weight = weight.repeat_interleave(spatial)  # per-channel gain at every position
+        return RMSNormFunction.apply(rows, weight, self._eps(x), k).view(x.shape)
+
+    def _reference(self, x: torch.Tensor) -> torch.Tensor:
+        rows, _, k = self._rows(x)  # the rms of each row's first k entries
+        rms = torch.sqrt(rows[:, :k].pow(2).mean(-1, keepdim=True) + self._eps(x))
+        y = (rows / rms).view(x.shape)
+        if self.weight is not None:
+            y = y * (channel_view(self.weight, x.dim()) if self.channel_dim == 1 else self.weight)
+        return y
+
+
+class PRMSNorm(RMSNorm):
+    """Partial RMSNorm over (..., D): rms of the first k = ceil(p * D) features divides all."""
+
+    family = "prmsnorm"
+
+    def __init__(
+        self,
+        num_features: int,
+        p: float = 0.0625,
+        eps: float | None = None,
+        elementwise_affine: bool = True,
+        impl: str = "fast",
+        sync: bool = False,
+    ) -> None:
+        super().__init__(num_features, eps, elementwise_affine, impl=impl, sync=sync)
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
+            raise NormConfigError(f"prmsnorm: p must be in (0, 1], got {p!r}")
+        self.p = float(p)
+        # round p * D to 9 decimals first so that e.g. 0.1 * 30 gives 3, not 4
+        self.num_stat_features = math.ceil(round(self.p * num_features, 9))
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, p={self.p}, k={self.num_stat_features}"

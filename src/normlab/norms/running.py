@@ -1,0 +1,148 @@
+"""Per-channel statistics with running averages: the part BatchNorm and InstanceNorm share."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from normlab.norms.base import Norm, NormConfigError, channel_view, check_eps, check_positive_int
+
+
+class RunningStatsNorm(Norm):
+    """Normalise each channel by statistics over `_reduce_dims`, kept as running averages.
+
+    Training (or `track_running_stats=False`) normalises with the batch's biased variance;
+    the running variance is updated with the unbiased (Bessel, n / (n - 1)) one, weighted by
+    `momentum`, or by 1 / num_batches_tracked (a cumulative average) when momentum is None.
+    Eval with tracked statistics normalises with running_mean and running_var.
+    """
+
+    _min_dim = 2  # input dims needed
+    _stat_unit = "channel"  # what one statistic is computed for, in error messages
+
+    def __init__(
+        self,
+        num_features: int,
+        eps: float,
+        momentum: float | None,
+        affine: bool,
+        track_running_stats: bool,
+        impl: str,
+        sync: bool,
+    ) -> None:
+        super().__init__(impl, sync)
+        self.num_features = check_positive_int(self.family, "num_features", num_features)
+        self.eps = check_eps(self.family, eps)
+        numeric = isinstance(momentum, (int, float)) and not isinstance(momentum, bool)
+        if momentum is not None and not (numeric and 0.0 <= momentum <= 1.0):
+            raise NormConfigError(
+                f"{self.family}: momentum must be in [0, 1] or None, got {momentum}"
+            )
+        self.momentum = momentum
+        self.affine = affine
+        self.track_running_stats = track_running_stats
+        self._init_affine((num_features,), affine, affine)
+        if track_running_stats:
+            self.register_buffer("running_mean", torch.zeros(num_features))
+            self.register_buffer("running_var", torch.ones(num_features))
+            self.register_buffer("num_batches_tracked", torch.tensor(0, dtype=torch.long))
+        else:
+            self.register_buffer("running_mean", None)
+            self.register_buffer("running_var", None)
+            self.register_buffer("num_batches_tracked", None)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
+            f"track_running_stats={self.track_running_stats}, impl={self.impl!r}"
+        )
+
+    def reset_running_stats(self) -> None:
+        """Forget the running statistics (mean 0, variance 1, no batches seen)."""
+        if self.track_running_stats:
+            self.running_mean.zero_()
+            self.running_var.fill_(1.0)
+            self.num_batches_tracked.zero_()
+
+    # ---------------------------------------------------------------- which statistics
+
+    def _reduce_dims(self, x: torch.Tensor) -> tuple[int, ...]:
+        """The dims the statistics are taken over."""
+        raise NotImplementedError
+
+    def _use_batch_stats(self) -> bool:
+        return self.training or not self.track_running_stats
+
+    def _updates_running_stats(self) -> bool:
+        return self.training and self.track_running_stats
+
+    def _momentum_for_step(self) -> float:
+        """Count a training step and return the weight of its statistics in the running average."""
+        if not self._updates_running_stats():
+            return 0.0
+        self.num_batches_tracked.add_(1)
+        if self.momentum is None:
+            return 1.0 / float(self.num_batches_tracked)
+        return self.momentum
+
+    def _check_input(self, x: torch.Tensor) -> None:
+        self._check_channels(x, self.num_features, self._min_dim)
+        if self._use_batch_stats():
+            values = math.prod(x.shape[d] for d in self._reduce_dims(x))
+            if values <= 1:
+                mode = "in training" if self.training else "without running statistics"
+                raise NormConfigError(
+                    f"{self.family} {mode} needs more than 1 value per {self._stat_unit}, "
+                    f"got input of shape {tuple(x.shape)} ({values} value)"
+                )
+
+    # ---------------------------------------------------------------- forward
+
+    def _natural_forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_input(x)
+        factor = self._momentum_for_step()
+        if self.impl == "fast" and not self._syncing():
+            return self._fast(x, factor)
+        if not self._use_batch_stats():
+            mean = channel_view(self.running_mean, x.dim())
+            var = channel_view(self.running_var, x.dim())
+            return self._normalize(x, mean, var)
+        y, mean, var_unbiased = self._normalize_with_batch_stats(x)
+        if self._updates_running_stats():
+            self._update_running_stats(mean, var_unbiased, factor)
+        return y
+
+    def _syncing(self) -> bool:
+        """Whether statistics are synchronised across processes in this call."""
+        return False
+
+    def _fast(self, x: torch.Tensor, factor: float) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _normalize(self, x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
+        """y = (x - mean) / sqrt(var + eps) * weight + bias, weight and bias per channel."""
+        y = (x - mean) / torch.sqrt(var + self.eps)
+        if self.weight is not None:
+            y = y * channel_view(self.weight, x.dim()) + channel_view(self.bias, x.dim())
+        return y
+
+    def _normalize_with_batch_stats(
+        self, x: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Reference path: return (y, mean, unbiased var), statistics over `_reduce_dims`."""
+        dims = self._reduce_dims(x)
+        n = math.prod(x.shape[d] for d in dims)
+        mean = x.mean(dims, keepdim=True)
+        var = x.var(dims, correction=0, keepdim=True)  # biased: the one that normalises
+        return self._normalize(x, mean, var), mean, var * (n / (n - 1))
+
+    @torch.no_grad()
+    def _update_running_stats(
+        self, mean: torch.Tensor, var_unbiased: torch.Tensor, factor: float
+    ) -> None:
+        """running = (1 - factor) * running + factor * batch, batch stats averaged over samples."""
+        batch_mean = mean.detach().reshape(-1, self.num_features).mean(0)
+        batch_var = var_unbiased.detach().reshape(-1, self.num_features).mean(0)
+        self.running_mean.mul_(1.0 - factor).add_(batch_mean, alpha=factor)
+        self.running_var.mul_(1.0 - factor).add_(batch_var, alpha=factor)

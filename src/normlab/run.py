@@ -1,0 +1,160 @@
+"""One training run from a composed config: data, task, callbacks, trackers, trainer; fit; test."""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from normlab import config, loggers, summary
+from normlab.errors import ConfigError, UserError
+from normlab.preflight import preflight
+
+log = logging.getLogger(__name__)
+
+
+def _hydra() -> Any | None:
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.get() if HydraConfig.initialized() else None
+
+
+def _run_dir(cfg: DictConfig) -> Path:
+    return Path(cfg.paths.output_dir)
+
+
+def resolve_ckpt(cfg: DictConfig) -> str | None:
+    """ckpt_path: null | last (this run dir) | a run dir | a .ckpt file."""
+    value = cfg.get("ckpt_path")
+    if value in (None, ""):
+        return None
+    path = _run_dir(cfg) / "checkpoints" / "last.ckpt" if value == "last" else Path(value)
+    if path.is_dir():
+        path = path / "checkpoints" / "last.ckpt"
+    if not path.is_file():
+        if value == "last":
+            log.info("ckpt_path=last: no %s yet, starting from scratch", path)
+            return None
+        raise ConfigError(f"ckpt_path={value!r}: no checkpoint at {path}")
+    return str(path)
+
+
+def build_callbacks(cfg: DictConfig, task: pl.LightningModule) -> list[pl.Callback]:
+    callbacks = []
+    for name, cb_cfg in (cfg.get("callbacks") or {}).items():
+        if cb_cfg is None:
+            continue
+        extra = {}
+        if cb_cfg.get("_target_", "").endswith("ModelCheckpoint") and cb_cfg.get("monitor") is None:
+            extra = {"monitor": task.monitor, "mode": task.monitor_mode}
+        try:
+            callbacks.append(instantiate(cb_cfg, **extra))
+        except Exception as err:  # instantiate wraps the cause; name the config key
+            raise ConfigError(f"callbacks.{name}: {err}") from err
+    return callbacks
+
+
+def build_loggers(cfg: DictConfig) -> list[pl.loggers.Logger]:
+    built = [instantiate(lg) for lg in (cfg.get("logger") or {}).values() if lg is not None]
+    if not any(isinstance(lg, pl.loggers.CSVLogger) for lg in built):
+        built.insert(0, pl.loggers.CSVLogger(_run_dir(cfg), name="csv", version=""))
+    return built
+
+
+def train(cfg: DictConfig) -> dict[str, Any]:
+    """Fit (and test) one config; return {'status', 'metrics', 'seed'}."""
+    config.validate(cfg)
+    seed = cfg.seed if cfg.seed is not None else random.randrange(2**31)
+    pl.seed_everything(seed, workers=True, verbose=False)
+    if cfg.get("num_threads"):
+        torch.set_num_threads(int(cfg.num_threads))
+
+    datamodule: pl.LightningDataModule = instantiate(cfg.data)
+    task: pl.LightningModule = instantiate(cfg.model)
+    preflight(task, int(cfg.batch))
+    if cfg.get("channels_last"):
+        task = task.to(memory_format=torch.channels_last)
+    if cfg.get("compile"):
+        task.net = torch.compile(task.net)
+
+    callbacks = build_callbacks(cfg, task)
+    trackers = build_loggers(cfg)
+    trainer: pl.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=trackers)
+    hparams = OmegaConf.to_container(cfg, resolve=True)
+    hparams["seed"] = seed
+    for tracker in trackers:
+        tracker.log_hyperparams(hparams)
+
+    try:
+        trainer.fit(task, datamodule=datamodule, ckpt_path=resolve_ckpt(cfg))
+        status = getattr(task, "run_status", "ok")
+        if cfg.get("test") and status == "ok" and hasattr(task, "test_step"):
+            best = (
+                trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+            )
+            trainer.test(task, datamodule=datamodule, ckpt_path=best or None, weights_only=False)
+    finally:
+        loggers.finish(trackers)
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+    return {"status": status, "metrics": metrics, "seed": seed}
+
+
+def main(cfg: DictConfig) -> float | None:
+    """Hydra task function: one job; in a multirun, record a summary row and never raise."""
+    hc = _hydra()
+    multirun = hc is not None and hc.mode.name == "MULTIRUN"
+    if not multirun:
+        try:
+            result = train(cfg)
+        except UserError as err:
+            raise SystemExit(f"error: {err}") from None
+        return objective(cfg, result)
+
+    overrides = " ".join(hc.overrides.task)
+    sweep_dir = Path(hc.sweep.dir)
+    done = summary.finished_row(sweep_dir, overrides)
+    if done is not None:
+        log.info("skipping finished job [%s] (%s)", overrides, done["run_dir"])
+        value = done.get(cfg.get("objective") or "")
+        return float(value) if value not in (None, "") else None
+    row: dict[str, Any] = {
+        "job": hc.job.num,
+        "overrides": overrides,
+        "status": "running",
+        "run_dir": cfg.paths.output_dir,
+    }
+    summary.update_row(sweep_dir, row)
+    start = time.time()
+    result: dict[str, Any] = {"status": "failed", "metrics": {}}
+    try:
+        result = train(cfg)
+    except Exception as err:  # a failing job is recorded; the sweep goes on
+        log.error("job [%s] failed:\n%s", overrides, traceback.format_exc())
+        result["error"] = f"{type(err).__name__}: {err}"
+    row.update(
+        status=result["status"],
+        error=result.get("error", ""),
+        wall_time_s=round(time.time() - start, 2),
+        seed=result.get("seed", cfg.seed),
+        **result["metrics"],
+    )
+    summary.update_row(sweep_dir, row)
+    return objective(cfg, result)
+
+
+def objective(cfg: DictConfig, result: dict[str, Any]) -> float | None:
+    """The metric a sweeper optimizes (cfg.objective, e.g. val/acc); NaN when the run failed."""
+    name = cfg.get("objective")
+    if not name:
+        return None
+    value = result["metrics"].get(name, math.nan)
+    return value if result["status"] == "ok" else math.nan

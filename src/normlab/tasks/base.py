@@ -1,0 +1,78 @@
+"""Shared LightningModule plumbing: optimizer and learning-rate schedule from config."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torch import nn
+
+SCHEDULES = ("constant", "cosine", "inverse_sqrt")
+
+
+def lr_lambda(schedule: str, warmup_steps: int, total_steps: int, min_ratio: float = 0.0):
+    """Multiplier of the base learning rate at step s: linear warmup, then the named decay."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"optim.schedule={schedule!r} is not one of {list(SCHEDULES)}")
+    if warmup_steps < 0:
+        raise ValueError(f"optim.warmup_steps must be >= 0, got {warmup_steps}")
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        if schedule == "constant":
+            return 1.0
+        if schedule == "inverse_sqrt":
+            return math.sqrt(max(warmup_steps, 1) / (step + 1))
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+class Task(pl.LightningModule):
+    """Base task: owns the network, builds optimizer + schedule from the `optim` config.
+
+    Subclasses set `monitor` / `monitor_mode` (the checkpoint metric) and implement
+    `example_input(batch_size)`: the args of `forward` for a batch of that size, used by the
+    pre-flight check that runs one forward pass before training starts.
+    """
+
+    monitor: str = "val/loss"
+    monitor_mode: str = "min"
+
+    def __init__(self, net: nn.Module, optim: Mapping[str, Any]):
+        super().__init__()
+        self.net = net
+        self.optim_cfg = dict(optim)
+        self.run_status = "ok"  # set to "diverged" by the divergence guard
+
+    def example_input(self, batch_size: int) -> tuple[torch.Tensor, ...]:
+        raise NotImplementedError
+
+    def param_groups(self) -> list[dict[str, Any]]:
+        """Weight decay on matrices only: norms' gains/biases and biases are not decayed."""
+        wd = float(self.optim_cfg.get("weight_decay", 0.0) or 0.0)
+        decay = [p for p in self.parameters() if p.requires_grad and p.ndim >= 2]
+        no_decay = [p for p in self.parameters() if p.requires_grad and p.ndim < 2]
+        return [{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}]
+
+    def configure_optimizers(self):
+        cfg = self.optim_cfg
+        make: Callable[..., torch.optim.Optimizer] = cfg["optimizer"]
+        optimizer = make(self.param_groups())
+        total = int(self.trainer.estimated_stepping_batches) if self._trainer else 1
+        factor = lr_lambda(
+            cfg.get("schedule", "constant"),
+            int(cfg.get("warmup_steps", 0)),
+            total,
+            float(cfg.get("min_lr_ratio", 0.0)),
+        )
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }

@@ -1,0 +1,109 @@
+"""LeNet on Fashion-MNIST through the real config: every norm, errors, run dirs, norm stats."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, TINY
+
+from normlab.norms import available_norms
+from normlab.run import train
+
+
+def run_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [sys.executable, "train.py", *args], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"train.py {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def metrics_rows(run_dir: Path) -> list[dict[str, str]]:
+    (path,) = run_dir.rglob("metrics.csv")
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.parametrize("norm", sorted(set(available_norms())))
+def test_every_norm_trains_lenet(norm, compose, tmp_path):
+    cfg = compose([f"norm={norm}", "batch=8", *TINY], tmp_path)
+    result = train(cfg)
+    assert result["status"] == "ok"
+    assert torch.isfinite(torch.tensor(result["metrics"]["test/acc"]))
+    rows = metrics_rows(tmp_path)
+    assert any(r.get("train/loss_step") for r in rows)
+    assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_norm_stats_logs_preactivation_percentiles(compose, tmp_path):
+    cfg = compose(["norm=batchnorm", "batch=16", *TINY], tmp_path)
+    train(cfg)
+    rows = [r for r in metrics_rows(tmp_path) if r.get("preact/net.classifier.norm4/p15")]
+    assert len(rows) == 2  # every step of the two
+    for r in rows:
+        p15, p50, p85 = (float(r[f"preact/net.classifier.norm4/p{q}"]) for q in (15, 50, 85))
+        assert p15 <= p50 <= p85
+        # BN's output at init: unit variance per channel, so the input std of BN is not 1
+        assert abs(float(r["norm/net.classifier.norm4/out_std"]) - 1.0) < 0.2
+
+
+def test_instancenorm_leaves_fc_layers_without_norm_but_explicit_fc_norm_fails(compose, tmp_path):
+    from hydra.utils import instantiate
+
+    cfg = compose(["norm=instancenorm"], tmp_path)
+    net = instantiate(cfg.model.net)
+    assert type(net.classifier.norm3).__name__ == "NoNorm"
+    assert type(net.features.norm1).__name__ == "InstanceNorm"
+    cfg = compose(["norm=instancenorm", "model.net.fc_norm=${norm}"], tmp_path)
+    with pytest.raises(ValueError, match=r"classifier.norm3"):
+        train(cfg)
+
+
+def test_groupnorm_with_batch_2_trains_from_the_command_line(tmp_path):
+    run_cli("norm=groupnorm", "batch=2", *TINY, f"hydra.run.dir={tmp_path}")
+    assert metrics_rows(tmp_path)
+    assert (tmp_path / ".hydra" / "config.yaml").is_file()
+
+
+def test_batchnorm_with_batch_1_fails_before_training(tmp_path):
+    proc = run_cli("norm=batchnorm", "batch=1", *TINY, f"hydra.run.dir={tmp_path}", check=False)
+    assert proc.returncode != 0
+    assert (
+        "net.classifier.norm3" in proc.stderr
+        and "batch=1" in proc.stderr
+        and "(1, 120)" in proc.stderr
+    )
+    assert "Traceback" not in proc.stderr
+    assert not list(tmp_path.rglob("metrics.csv"))
+
+
+def test_unknown_choice_lists_the_valid_ones(tmp_path):
+    proc = run_cli("norm=nope", f"hydra.run.dir={tmp_path}", check=False)
+    assert proc.returncode != 0
+    assert "groupnorm" in proc.stderr and "rmsnorm" in proc.stderr
+
+
+def test_cfg_job_prints_the_composed_config():
+    proc = run_cli("--cfg", "job", "norm=groupnorm")
+    assert (
+        "name: groupnorm" in proc.stdout and "_target_: normlab.models.lenet.LeNet" in proc.stdout
+    )
+
+
+def test_multirun_over_norms_writes_a_summary(tmp_path):
+    norms = "batchnorm,groupnorm,layernorm,instancenorm,rmsnorm,none"
+    run_cli("-m", f"norm={norms}", "batch=32", *TINY, f"hydra.sweep.dir={tmp_path}")
+    with open(tmp_path / "summary.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert sorted(r["overrides"].split()[0] for r in rows) == sorted(
+        f"norm={n}" for n in norms.split(",")
+    )
+    assert all(r["status"] == "ok" and float(r["test/acc"]) >= 0 for r in rows)
+    assert len({r["run_dir"] for r in rows}) == len(rows)
+    assert "| norm=groupnorm" in (tmp_path / "summary.md").read_text()
