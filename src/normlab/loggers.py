@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.loggers import Logger, WandbLogger
+from lightning.pytorch.loggers import Logger, MLFlowLogger, WandbLogger
 
 
 def sweep_group() -> str | None:
@@ -57,6 +57,31 @@ def wandb_logger(
         settings=settings,
         **kwargs,
     )
+
+
+def mlflow_logger(
+    experiment_name: str = "normlab", tracking_uri: str | None = None, **kwargs: Any
+) -> MLFlowLogger:
+    """An MLFlowLogger; a `file:` store is allowed explicitly (MLflow 3 asks for an opt-in)."""
+    if tracking_uri and tracking_uri.startswith("file:"):
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    return MLFlowLogger(
+        experiment_name=experiment_name,
+        tracking_uri=tracking_uri,
+        run_name=kwargs.pop("run_name", None) or sweep_job_name(),
+        tags={"group": sweep_group() or ""},
+        **kwargs,
+    )
+
+
+def sweep_job_name() -> str | None:
+    """The run dir's name (unique per run and per multirun job)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return Path(HydraConfig.get().runtime.output_dir).name
+    except (ImportError, ValueError):
+        return None
 
 
 def finish(loggers: list[Logger]) -> None:
