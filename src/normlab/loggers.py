@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import csv
 import netrc
 import os
+import secrets
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.loggers import Logger, MLFlowLogger, WandbLogger
+from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger, WandbLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
 
 def sweep_group() -> str | None:
@@ -33,6 +36,47 @@ def wandb_has_credentials() -> bool:
     return bool(auth and auth[2])
 
 
+class _ResumedWriter(ExperimentWriter):
+    """Keeps an existing metrics.csv up to the resumed step instead of deleting it."""
+
+    def __init__(self, log_dir: str, keep_until_step: int):
+        self.keep_until_step = keep_until_step
+        super().__init__(log_dir)
+
+    def _check_log_dir_exists(self) -> None:
+        path = Path(self.metrics_file_path)
+        if not path.is_file():
+            return
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            header = list(reader.fieldnames or [])
+            rows = [r for r in reader if int(float(r["step"])) < self.keep_until_step]
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=header)
+            writer.writeheader()
+            writer.writerows(rows)
+        self.metrics_keys = header
+
+
+class ResumableCSVLogger(CSVLogger):
+    """CSVLogger that, for a resumed run, appends to the run's metrics.csv.
+
+    Rows logged after the checkpoint being resumed (step >= resume_step) are dropped first:
+    the resumed run logs those steps again.
+    """
+
+    def __init__(self, *args: Any, resume_step: int | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.resume_step = resume_step
+
+    @property
+    def experiment(self) -> ExperimentWriter:
+        if self._experiment is None and self.resume_step is not None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = _ResumedWriter(self.log_dir, self.resume_step)
+        return super().experiment
+
+
 def wandb_logger(
     project: str = "normlab",
     save_dir: str = ".",
@@ -48,6 +92,11 @@ def wandb_logger(
     import wandb
 
     settings = wandb.Settings(init_timeout=60, silent=True, x_disable_stats=True)
+    # the run id lives in the run dir, so a resumed run continues the same wandb run
+    id_file = Path(save_dir) / "wandb" / "run_id"
+    run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(4)
+    id_file.parent.mkdir(parents=True, exist_ok=True)
+    id_file.write_text(run_id)
     return WandbLogger(
         project=project,
         save_dir=save_dir,
@@ -55,6 +104,8 @@ def wandb_logger(
         mode=mode,
         tags=list(tags or []),
         settings=settings,
+        id=run_id,
+        resume="allow",
         **kwargs,
     )
 

@@ -63,11 +63,25 @@ def build_callbacks(cfg: DictConfig, task: pl.LightningModule) -> list[pl.Callba
     return callbacks
 
 
-def build_loggers(cfg: DictConfig) -> list[pl.loggers.Logger]:
-    built = [instantiate(lg) for lg in (cfg.get("logger") or {}).values() if lg is not None]
+def build_loggers(cfg: DictConfig, resume_step: int | None) -> list[pl.loggers.Logger]:
+    built = []
+    for name, lg_cfg in (cfg.get("logger") or {}).items():
+        if lg_cfg is None:
+            continue
+        extra = {"resume_step": resume_step} if name == "csv" else {}
+        built.append(instantiate(lg_cfg, **extra))
     if not any(isinstance(lg, pl.loggers.CSVLogger) for lg in built):
-        built.insert(0, pl.loggers.CSVLogger(_run_dir(cfg), name="csv", version=""))
+        built.insert(
+            0, loggers.ResumableCSVLogger(_run_dir(cfg), "csv", "", resume_step=resume_step)
+        )
     return built
+
+
+def checkpoint_step(path: str | None) -> int | None:
+    """The global step a checkpoint was saved at (None without a checkpoint)."""
+    if path is None:
+        return None
+    return int(torch.load(path, map_location="cpu", weights_only=False)["global_step"])
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
@@ -86,8 +100,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     if cfg.get("compile"):
         task.net = torch.compile(task.net)
 
+    ckpt = resolve_ckpt(cfg)
     callbacks = build_callbacks(cfg, task)
-    trackers = build_loggers(cfg)
+    trackers = build_loggers(cfg, checkpoint_step(ckpt))
     trainer: pl.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=trackers)
     hparams = OmegaConf.to_container(cfg, resolve=True)
     hparams["seed"] = seed
@@ -95,7 +110,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         tracker.log_hyperparams(hparams)
 
     try:
-        trainer.fit(task, datamodule=datamodule, ckpt_path=resolve_ckpt(cfg))
+        trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt, weights_only=False)
         status = getattr(task, "run_status", "ok")
         if cfg.get("test") and status == "ok" and hasattr(task, "test_step"):
             best = (

@@ -59,8 +59,14 @@ class NormStats(pl.Callback):
             h.remove()
         self._handles = []
         keys = ("in_mean", "in_std", "out_mean", "out_std", "p15", "p50", "p85")
+        metrics = {}
         for name, values in self._stats.items():
             for key, value in zip(keys, values.tolist(), strict=True):
                 group = "preact" if key.startswith("p") else "norm"
-                pl_module.log(f"{group}/{name}/{key}", value, on_step=True, on_epoch=False)
+                metrics[f"{group}/{name}/{key}"] = value
+        # straight to the trackers, at the step they were measured: through self.log they
+        # would wait for Lightning's next flush (every log_every_n_steps)
+        if metrics:
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=trainer.global_step - 1)
         self._stats = {}

@@ -60,11 +60,10 @@ class TensorLoader:
     def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
         order = self._order()
         start, self._resume_at = self._resume_at, 0
-        self.done = start
         for i in range(start, len(self)):
             idx = order[i * self.batch_size : (i + 1) * self.batch_size]
-            self.done = i + 1  # counted when handed out
-            yield tuple(t[idx] for t in self.tensors)
+            self.done = i + 1  # counted when handed out (Lightning does not fetch ahead of a
+            yield tuple(t[idx] for t in self.tensors)  # loader whose length it knows)
 
     def state_dict(self) -> dict[str, Any]:
         return {"done": self.done}

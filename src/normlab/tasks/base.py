@@ -13,8 +13,14 @@ from torch import nn
 SCHEDULES = ("constant", "cosine", "inverse_sqrt")
 
 
-def lr_lambda(schedule: str, warmup_steps: int, total_steps: int, min_ratio: float = 0.0):
-    """Multiplier of the base learning rate at step s: linear warmup, then the named decay."""
+def lr_lambda(
+    schedule: str, warmup_steps: int, total_steps: Callable[[], int], min_ratio: float = 0.0
+) -> Callable[[int], float]:
+    """Multiplier of the base learning rate at step s: linear warmup, then the named decay.
+
+    `total_steps` is asked for only once the cosine decay needs it (after the first step), so
+    the trainer's estimate is not requested while a checkpoint is still being restored.
+    """
     if schedule not in SCHEDULES:
         raise ValueError(f"optim.schedule={schedule!r} is not one of {list(SCHEDULES)}")
     if warmup_steps < 0:
@@ -27,7 +33,9 @@ def lr_lambda(schedule: str, warmup_steps: int, total_steps: int, min_ratio: flo
             return 1.0
         if schedule == "inverse_sqrt":
             return math.sqrt(max(warmup_steps, 1) / (step + 1))
-        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        if step == warmup_steps:
+            return 1.0
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps() - warmup_steps))
         return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return factor
@@ -64,11 +72,10 @@ class Task(pl.LightningModule):
         cfg = self.optim_cfg
         make: Callable[..., torch.optim.Optimizer] = cfg["optimizer"]
         optimizer = make(self.param_groups())
-        total = int(self.trainer.estimated_stepping_batches) if self._trainer else 1
         factor = lr_lambda(
             cfg.get("schedule", "constant"),
             int(cfg.get("warmup_steps", 0)),
-            total,
+            lambda: int(self.trainer.estimated_stepping_batches),
             float(cfg.get("min_lr_ratio", 0.0)),
         )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from normlab.tasks.base import Task
@@ -21,12 +22,13 @@ class ClassificationTask(Task):
 
     def __init__(self, net: nn.Module, optim: Mapping[str, Any], num_classes: int = 10):
         super().__init__(net, optim)
+        splits = ("fit", "val", "test")
         self.accuracy = nn.ModuleDict(
-            {
-                split: MulticlassAccuracy(num_classes, average="micro")
-                for split in ("fit", "val", "test")
-            }
+            {s: MulticlassAccuracy(num_classes, average="micro") for s in splits}
         )
+        self.mean_loss = nn.ModuleDict({s: MeanMetric() for s in splits})
+        for metric in [*self.accuracy.values(), *self.mean_loss.values()]:
+            metric.persistent(True)  # epoch aggregates survive a mid-epoch checkpoint
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
@@ -38,11 +40,15 @@ class ClassificationTask(Task):
         x, y = batch
         logits = self(x)
         loss = F.cross_entropy(logits, y)
-        acc = self.accuracy[split]
+        acc, mean_loss = self.accuracy[split], self.mean_loss[split]
         acc(logits.detach(), y)
+        mean_loss(loss.detach())
         name = "train" if split == "fit" else split
-        on_step = split == "fit"
-        self.log(f"{name}/loss", loss, on_step=on_step, on_epoch=True, prog_bar=on_step)
+        if split == "fit":
+            self.log("train/loss_step", loss, on_step=True, on_epoch=False, prog_bar=True)
+            self.log("train/loss_epoch", mean_loss, on_step=False, on_epoch=True)
+        else:
+            self.log(f"{name}/loss", mean_loss, on_step=False, on_epoch=True)
         self.log(f"{name}/acc", acc, on_step=False, on_epoch=True, prog_bar=True)
         return loss
 
