@@ -93,6 +93,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         torch.set_num_threads(int(cfg.num_threads))
 
     datamodule: pl.LightningDataModule = instantiate(cfg.data)
+    datamodule.prepare_data()  # missing or corrupted files fail here, before anything runs
     task: pl.LightningModule = instantiate(cfg.model)
     preflight(task, int(cfg.batch))
     if cfg.get("channels_last"):
@@ -130,8 +131,11 @@ def main(cfg: DictConfig) -> float | None:
     if not multirun:
         try:
             result = train(cfg)
-        except UserError as err:
-            raise SystemExit(f"error: {err}") from None
+        except Exception as err:
+            cause = user_error(err)
+            if cause is None:
+                raise
+            raise SystemExit(f"error: {cause}") from None
         return objective(cfg, result)
 
     overrides = " ".join(hc.overrides.task)
@@ -154,7 +158,8 @@ def main(cfg: DictConfig) -> float | None:
         result = train(cfg)
     except Exception as err:  # a failing job is recorded; the sweep goes on
         log.error("job [%s] failed:\n%s", overrides, traceback.format_exc())
-        result["error"] = f"{type(err).__name__}: {err}"
+        cause = user_error(err) or err
+        result["error"] = f"{type(cause).__name__}: {cause}"
     row.update(
         status=result["status"],
         error=result.get("error", ""),
@@ -164,6 +169,16 @@ def main(cfg: DictConfig) -> float | None:
     )
     summary.update_row(sweep_dir, row)
     return objective(cfg, result)
+
+
+def user_error(err: BaseException) -> UserError | None:
+    """The UserError behind err (Hydra's instantiate wraps what a constructor raises)."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, UserError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def objective(cfg: DictConfig, result: dict[str, Any]) -> float | None:

@@ -1,0 +1,79 @@
+"""Bad input, one table: each command fails before training, exit code != 0, a message naming
+the cause, and no traceback."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+# (case, overrides, words the message must contain)
+CASES = [
+    ("unknown norm", ["norm=nope"], ["norm/nope", "batchnorm", "groupnorm"]),
+    ("unknown placement", ["model=transformer", "placement=nope"], ["placement/nope", "deepnorm"]),
+    ("unknown model", ["model=resnet9000"], ["model/resnet9000", "lenet", "transformer"]),
+    ("unknown experiment", ["experiment=nope"], ["experiment/nope", "dit"]),
+    ("batch zero", ["batch=0"], ["batch must be a positive integer, got 0"]),
+    ("batch negative", ["batch=-4"], ["batch must be a positive integer, got -4"]),
+    ("batch not a number", ["batch=abc"], ["batch must be a positive integer, got 'abc'"]),
+    ("batchnorm with batch 1", ["norm=batchnorm", "batch=1"],
+     ["net.classifier.norm3", "batch=1", "more than 1 value per channel", "(1, 120)"]),
+    ("groups not dividing channels", ["norm=groupnorm", "norm.num_groups=4"],
+     ["features.norm1", "num_groups=4", "6"]),
+    ("pRMSNorm p = 0", ["norm=prmsnorm", "norm.p=0"], ["p must be in (0, 1], got 0"]),
+    ("pRMSNorm p > 1", ["norm=prmsnorm", "norm.p=1.5"], ["p must be in (0, 1], got 1.5"]),
+    ("negative eps", ["norm=layernorm", "norm.eps=-1"], ["eps must be a number >= 0, got -1"]),
+    ("eps of the wrong type", ["norm=layernorm", "norm.eps=small"], ["eps", "'small'"]),
+    ("unknown norm argument", ["norm=batchnorm", "+norm.groups=2"], ["unknown argument", "groups"]),
+    ("negative learning rate", ["optim.optimizer.lr=-0.1"], ["optim.optimizer.lr", "-0.1"]),
+    ("negative warmup", ["optim.warmup_steps=-5"], ["optim.warmup_steps", "-5"]),
+    ("zero epochs", ["trainer.max_epochs=0"], ["trainer.max_epochs", "0"]),
+    ("unknown activation", ["model.net.activation=tanh"], ["activation", "tanh", "sigmoid"]),
+    ("instance norm without spatial extent", ["norm=instancenorm", "model.net.fc_norm=${norm}"],
+     ["classifier.norm3", "instancenorm", "(256, 120)"]),
+    ("transformer depth 0", ["model=transformer", "model.net.depth=0"], ["depth", "0"]),
+    ("deepnorm arch it has no constants for", ["model=transformer", "placement=deepnorm",
+     "placement.arch=seq2seq"], ["seq2seq", "encoder", "decoder"]),
+    ("missing data dir offline", ["data.root=/nonexistent/normlab", "data.download=false"],
+     ["/nonexistent/normlab/FashionMNIST/raw", "NORMLAB_DATA"]),
+    ("resume from a checkpoint that does not exist", ["ckpt_path=/nonexistent/last.ckpt"],
+     ["ckpt_path", "/nonexistent/last.ckpt"]),
+]  # fmt: skip
+
+
+def fail(args: list[str], tmp_path: Path) -> str:
+    proc = subprocess.run(
+        [sys.executable, "train.py", *args, f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode != 0, proc.stdout
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()  # nothing trained
+    return proc.stderr
+
+
+@pytest.mark.parametrize("case,args,words", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_fails_before_training(case, args, words, tmp_path):
+    message = fail(args, tmp_path)
+    for word in words:
+        assert word in message, f"{case}: {word!r} not in:\n{message}"
+
+
+def test_truncated_and_corrupted_data_files_are_named(tmp_path):
+    root = tmp_path / "data"
+    shutil.copytree(DATA / "FashionMNIST", root / "FashionMNIST")
+    target = root / "FashionMNIST" / "raw" / "t10k-labels-idx1-ubyte"
+    target.write_bytes(target.read_bytes()[:-100])  # truncated
+    message = fail([f"data.root={root}", "data.download=false"], tmp_path)
+    assert str(target) in message and "corrupted or truncated" in message
+    assert "Delete it" in message
+
+    target.write_bytes(b"\x00" * 10008)  # right size, wrong bytes
+    message = fail([f"data.root={root}", "data.download=false"], tmp_path)
+    assert str(target) in message and "sha256" in message
