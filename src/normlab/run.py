@@ -13,7 +13,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from normlab import config, loggers, summary
 from normlab.errors import ConfigError, UserError
@@ -140,11 +140,16 @@ def main(cfg: DictConfig) -> float | None:
 
     overrides = " ".join(hc.overrides.task)
     sweep_dir = Path(hc.sweep.dir)
-    done = summary.finished_row(sweep_dir, overrides)
-    if done is not None:
-        log.info("skipping finished job [%s] (%s)", overrides, done["run_dir"])
-        value = done.get(cfg.get("objective") or "")
+    before = summary.previous_row(sweep_dir, overrides)
+    if before is not None and before["status"] in summary.FINISHED:
+        log.info("skipping finished job [%s] (%s)", overrides, before["run_dir"])
+        value = before.get(cfg.get("objective") or "")
         return float(value) if value not in (None, "") else None
+    last = _run_dir(cfg) / "checkpoints" / "last.ckpt"
+    if before is not None and cfg.get("ckpt_path") is None and last.is_file():
+        log.info("job [%s] was %s: resuming from %s", overrides, before["status"], last)
+        with open_dict(cfg):
+            cfg.ckpt_path = "last"
     row: dict[str, Any] = {
         "job": hc.job.num,
         "overrides": overrides,

@@ -80,9 +80,9 @@ def update_row(sweep_dir: str | Path, row: dict[str, Any]) -> None:
         atomic_write(sweep_dir / "summary.md", _markdown(rows, columns))
 
 
-def finished_row(sweep_dir: str | Path, overrides: str) -> dict[str, str] | None:
-    """The row of a job with these overrides that already finished (status ok), if any."""
-    for row in read_summary(sweep_dir):
-        if row["overrides"] == overrides and row["status"] == "ok":
-            return row
-    return None
+FINISHED = ("ok", "diverged")  # a result; "failed" and "running" (killed) jobs are redone
+
+
+def previous_row(sweep_dir: str | Path, overrides: str) -> dict[str, str] | None:
+    """The row an earlier invocation of this sweep wrote for a job with these overrides."""
+    return next((r for r in read_summary(sweep_dir) if r["overrides"] == overrides), None)

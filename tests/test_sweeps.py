@@ -1,0 +1,87 @@
+"""Sweeps survive: failing, diverging and killed jobs are recorded; a rerun skips finished jobs,
+redoes failed ones and resumes killed ones. Same seed, same metrics."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import REPO, TINY
+from test_train import metrics_rows, run_cli
+
+from normlab.run import train
+
+
+def summary(sweep_dir) -> dict[str, dict[str, str]]:
+    with open(sweep_dir / "summary.csv") as f:
+        return {r["overrides"]: r for r in csv.DictReader(f)}
+
+
+def test_failed_and_diverged_jobs_are_recorded_and_a_rerun_skips_finished_ones(tmp_path):
+    args = ["-m", "norm=groupnorm", "norm.num_groups=2,4", "optim.optimizer.lr=0.001,100000.0",
+            "batch=64", *TINY, "trainer.limit_train_batches=8", f"hydra.sweep.dir={tmp_path}"]  # fmt: skip
+    run_cli(*args)
+    rows = summary(tmp_path)
+    status = {(o.split()[1], o.split()[2]): r["status"] for o, r in rows.items()}
+    assert status == {
+        ("norm.num_groups=2", "optim.optimizer.lr=0.001"): "ok",
+        ("norm.num_groups=2", "optim.optimizer.lr=100000.0"): "diverged",
+        ("norm.num_groups=4", "optim.optimizer.lr=0.001"): "failed",
+        ("norm.num_groups=4", "optim.optimizer.lr=100000.0"): "failed",
+    }
+    failed = [r for r in rows.values() if r["status"] == "failed"]
+    assert all("num_groups=4" in r["error"] and "6" in r["error"] for r in failed)
+    diverged = next(r for r in rows.values() if r["status"] == "diverged")
+    assert "test/acc" not in diverged or diverged["test/acc"] == ""  # stopped, not tested
+
+    ok_dir = next(r["run_dir"] for r in rows.values() if r["status"] == "ok")
+    ok_metrics = next((tmp_path / ok_dir.split("/")[-1]).rglob("metrics.csv"))
+    mtime = ok_metrics.stat().st_mtime_ns
+    proc = run_cli(*args)
+    assert ok_metrics.stat().st_mtime_ns == mtime  # the finished job was not run again
+    assert (proc.stdout + proc.stderr).count("skipping finished job") == 2  # ok and diverged
+    assert {o: r["status"] for o, r in summary(tmp_path).items()} == {
+        o: r["status"] for o, r in rows.items()
+    }
+
+
+@pytest.mark.slow
+def test_a_killed_sweep_resumes_its_interrupted_job(tmp_path):
+    args = [sys.executable, "train.py", "-m", "norm=batchnorm,none", "batch=64",
+            "trainer.max_epochs=2", "trainer.limit_train_batches=30", "trainer.limit_val_batches=2",
+            "trainer.limit_test_batches=2", "callbacks.last_checkpoint.every_n_train_steps=5",
+            f"hydra.sweep.dir={tmp_path}"]  # fmt: skip
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not list(tmp_path.glob("0_*/checkpoints/last.ckpt")):
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert [r["status"] for r in summary(tmp_path).values()] == ["running"]
+    subprocess.run(args, cwd=REPO, check=True, capture_output=True, timeout=600)
+    rows = summary(tmp_path)
+    assert [r["status"] for r in rows.values()] == ["ok", "ok"]
+    log = next(tmp_path.glob("0_*/train.log")).read_text()
+    assert "was running: resuming from" in log
+
+
+def test_same_seed_same_metrics_and_a_null_seed_is_picked_and_logged(compose, tmp_path):
+    def run(name: str, seed: str) -> tuple[dict, list]:
+        cfg = compose(["batch=32", *TINY, f"seed={seed}"], tmp_path / name)
+        result = train(cfg)
+        return result, [{k: v for k, v in r.items() if k != "epoch"} for r in
+                        metrics_rows(tmp_path / name)]  # fmt: skip
+
+    a, rows_a = run("a", "7")
+    b, rows_b = run("b", "7")
+    assert a["metrics"] == b["metrics"] and rows_a == rows_b
+    c, _ = run("c", "null")
+    assert isinstance(c["seed"], int)
+    hparams = (tmp_path / "c" / "csv" / "hparams.yaml").read_text()
+    assert f"seed: {c['seed']}" in hparams
