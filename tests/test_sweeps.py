@@ -24,7 +24,8 @@ def summary(sweep_dir) -> dict[str, dict[str, str]]:
 
 def test_failed_and_diverged_jobs_are_recorded_and_a_rerun_skips_finished_ones(tmp_path):
     args = ["-m", "norm=groupnorm", "norm.num_groups=2,4", "optim.optimizer.lr=0.001,100000.0",
-            "batch=64", *TINY, "trainer.limit_train_batches=8", f"hydra.sweep.dir={tmp_path}"]  # fmt: skip
+            "batch=64", *TINY, "trainer.limit_train_batches=8",
+            f"hydra.sweep.dir={tmp_path}"]  # fmt: skip
     run_cli(*args)
     rows = summary(tmp_path)
     status = {(o.split()[1], o.split()[2]): r["status"] for o, r in rows.items()}
