@@ -13,6 +13,8 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from normlab import config, loggers, summary
@@ -20,6 +22,7 @@ from normlab.errors import ConfigError, UserError
 from normlab.preflight import preflight
 
 log = logging.getLogger(__name__)
+SUMMARY_GROUPS = ("train", "val", "test", "diverged")  # metric prefixes a run's result keeps
 
 
 def _hydra() -> Any | None:
@@ -113,15 +116,25 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     try:
         trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt, weights_only=False)
         status = getattr(task, "run_status", "ok")
-        if cfg.get("test") and status == "ok" and hasattr(task, "test_step"):
-            best = (
-                trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+        metrics = _scalars(trainer.callback_metrics)
+        if cfg.get("test") and status == "ok" and is_overridden("test_step", task):
+            best = next(
+                (c.best_model_path for c in trainer.callbacks if isinstance(c, ModelCheckpoint)), ""
             )
             trainer.test(task, datamodule=datamodule, ckpt_path=best or None, weights_only=False)
+            metrics.update(_scalars(trainer.callback_metrics))
     finally:
         loggers.finish(trackers)
-    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
     return {"status": status, "metrics": metrics, "seed": seed}
+
+
+def _scalars(metrics: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Final train/val/test metrics (per-step duplicates `*_step` and diagnostics left out)."""
+    return {
+        k.removesuffix("_epoch"): float(v)
+        for k, v in metrics.items()
+        if v.numel() == 1 and not k.endswith("_step") and k.split("/")[0] in SUMMARY_GROUPS
+    }
 
 
 def main(cfg: DictConfig) -> float | None:

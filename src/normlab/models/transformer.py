@@ -1,0 +1,229 @@
+"""A GPT-style decoder-only Transformer whose residual placement and norm come from the config."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from normlab.errors import ConfigError
+from normlab.norms.residual import (
+    create_residual,
+    deepnorm_constants,
+    placement_class,
+    tokenwise_norm,
+)
+
+# Named sizes; any key can be overridden from the config (model.net.depth=6).
+ZOO: dict[str, dict[str, Any]] = {
+    "tiny": {"depth": 4, "d_model": 64, "n_heads": 4, "ctx": 64, "dropout": 0.0},
+    "small": {"depth": 6, "d_model": 256, "n_heads": 8, "ctx": 256, "dropout": 0.1},
+    "base": {"depth": 12, "d_model": 768, "n_heads": 12, "ctx": 1024, "dropout": 0.1},
+}
+MLP_RATIO = 4  # hidden width of the MLP / d_model
+
+
+# --------------------------------------------------------------------------------------------
+# Sublayers
+# --------------------------------------------------------------------------------------------
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention with separate q, k, v projections."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.attn_dropout = dropout
+        self.resid_dropout = nn.Dropout(dropout)
+
+    def _heads(self, t: torch.Tensor) -> torch.Tensor:
+        B, T, D = t.shape
+        return t.view(B, T, self.n_heads, D // self.n_heads).transpose(1, 2)  # (B, H, T, D/H)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, D = x.shape
+        q = self._heads(self.q_proj(x))  # (B, H, T, D/H)
+        k = self._heads(self.k_proj(x))  # (B, H, T, D/H)
+        v = self._heads(self.v_proj(x))  # (B, H, T, D/H)
+        p = self.attn_dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)  # (B, H, T, D/H)
+        y = y.transpose(1, 2).reshape(B, T, D)  # (B, T, D)
+        return self.resid_dropout(self.out_proj(y))  # (B, T, D)
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward network: Linear, GELU, Linear."""
+
+    def __init__(self, d_model: int, dropout: float) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, MLP_RATIO * d_model)
+        self.fc2 = nn.Linear(MLP_RATIO * d_model, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.gelu(self.fc1(x))  # (B, T, 4D)
+        return self.dropout(self.fc2(h))  # (B, T, D)
+
+
+# --------------------------------------------------------------------------------------------
+# Block
+# --------------------------------------------------------------------------------------------
+
+
+class Block(nn.Module):
+    """One Transformer block: attention then MLP, each wrapped in the configured placement."""
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        dropout: float,
+        placement: str,
+        norm: Mapping[str, Any],
+        **residual_kw: Any,
+    ) -> None:
+        super().__init__()
+        attn = CausalSelfAttention(d_model, n_heads, dropout)
+        mlp = MLP(d_model, dropout)
+        self.attn = create_residual(placement, attn, d_model, norm, **residual_kw)
+        self.mlp = create_residual(placement, mlp, d_model, norm, **residual_kw)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.attn(x)  # (B, T, D)
+        return self.mlp(x)  # (B, T, D)
+
+
+# --------------------------------------------------------------------------------------------
+# Model
+# --------------------------------------------------------------------------------------------
+
+
+class GPT(nn.Module):
+    """Decoder-only Transformer language model: embeddings, blocks, (final norm), LM head."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        placement: Mapping[str, Any],
+        norm: Mapping[str, Any],
+        size: str = "tiny",
+        depth: int | None = None,
+        d_model: int | None = None,
+        n_heads: int | None = None,
+        ctx: int | None = None,
+        dropout: float | None = None,
+        tie_weights: bool = True,
+    ) -> None:
+        super().__init__()
+        if size not in ZOO:
+            raise ConfigError(f"model.net.size={size!r} is not one of {list(ZOO)}")
+        given = {"depth": depth, "d_model": d_model, "n_heads": n_heads, "ctx": ctx}
+        shape = {**ZOO[size], **{k: v for k, v in given.items() if v is not None}}
+        if dropout is not None:
+            shape["dropout"] = dropout
+        for key in ("depth", "d_model", "n_heads", "ctx"):
+            value = shape[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"model.net.{key} must be a positive integer, got {value!r}")
+        if shape["d_model"] % shape["n_heads"]:
+            raise ConfigError(
+                f"model.net.n_heads={shape['n_heads']} does not divide "
+                f"model.net.d_model={shape['d_model']}"
+            )
+        self.vocab_size, self.depth, self.d_model = vocab_size, shape["depth"], shape["d_model"]
+        self.n_heads, self.ctx, self.dropout = shape["n_heads"], shape["ctx"], shape["dropout"]
+        self.placement = placement_class(placement["name"]).name
+
+        residual_kw: dict[str, Any] = {}
+        self.deepnorm_beta: float | None = None
+        if self.placement == "deepnorm":
+            arch = placement.get("arch", "decoder")
+            if arch not in ("encoder", "decoder"):
+                raise ConfigError(
+                    f"placement.arch={arch!r}: a decoder-only GPT takes encoder or decoder "
+                    "(one stack of depth layers), not encoder_decoder"
+                )
+            alpha, self.deepnorm_beta = deepnorm_constants(arch, N=self.depth, M=self.depth)
+            residual_kw["alpha"] = alpha
+
+        D = self.d_model
+        self.tok_emb = nn.Embedding(vocab_size, D)
+        self.pos_emb = nn.Embedding(self.ctx, D)
+        self.emb_dropout = nn.Dropout(self.dropout)
+        self.blocks = nn.ModuleList(
+            Block(D, self.n_heads, self.dropout, self.placement, norm, **residual_kw)
+            for _ in range(self.depth)
+        )
+        needs_final = placement_class(self.placement).needs_final_norm
+        self.final_norm = tokenwise_norm(norm, D, self.placement) if needs_final else nn.Identity()
+        self.lm_head = nn.Linear(D, vocab_size, bias=False)
+        if tie_weights:
+            self.lm_head.weight = self.tok_emb.weight
+        self._init_weights()
+
+    # ----------------------------------------------------------------------------------------
+    # Initialization (all of it)
+    # ----------------------------------------------------------------------------------------
+
+    def _init_weights(self) -> None:
+        # Embeddings (and an untied head): N(0, 0.02) as GPT-2, small next to the unit-scale
+        # normalized stream.
+        for emb in (self.tok_emb, self.pos_emb, self.lm_head):
+            nn.init.normal_(emb.weight, mean=0.0, std=0.02)
+        # Every linear of every block: xavier_normal (gain 1), zero bias - the Post-LN setup
+        # DeepNet starts from, so placements differ only in where the norm sits.
+        # DeepNorm: the value and output projections and both MLP weights get gain beta
+        # (Wang et al. 2022, Alg. 1) to bound the model update; q and k keep gain 1 because
+        # they only shape the attention weights, not the magnitude of the residual branch.
+        beta = self.deepnorm_beta
+        for block in self.blocks:
+            attn, mlp = block.attn.sublayer, block.mlp.sublayer
+            for linear in (attn.q_proj, attn.k_proj):
+                nn.init.xavier_normal_(linear.weight, gain=1.0)
+            for linear in (attn.v_proj, attn.out_proj, mlp.fc1, mlp.fc2):
+                nn.init.xavier_normal_(linear.weight, gain=1.0 if beta is None else beta)
+            for linear in (attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj, mlp.fc1, mlp.fc2):
+                nn.init.zeros_(linear.bias)
+        # Norms keep their own identity init (weight 1, bias 0) from the norms package.
+
+    # ----------------------------------------------------------------------------------------
+    # Forward and sampling
+    # ----------------------------------------------------------------------------------------
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        B, T = idx.shape
+        if T > self.ctx:
+            raise ValueError(f"sequence length {T} exceeds the context length ctx={self.ctx}")
+        pos = torch.arange(T, device=idx.device)  # (T,)
+        x = self.emb_dropout(self.tok_emb(idx) + self.pos_emb(pos))  # (B, T, D)
+        for block in self.blocks:
+            x = block(x)  # (B, T, D)
+        x = self.final_norm(x)  # (B, T, D)
+        return self.lm_head(x)  # (B, T, V)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Extend idx (B, T) by max_new_tokens tokens; temperature 0 = greedy."""
+        for _ in range(max_new_tokens):
+            logits = self(idx[:, -self.ctx :])[:, -1]  # (B, V)
+            if temperature == 0:
+                nxt = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
+            else:
+                probs = F.softmax(logits / temperature, dim=-1)  # (B, V)
+                nxt = torch.multinomial(probs, 1, generator=generator)  # (B, 1)
+            idx = torch.cat([idx, nxt], dim=1)  # (B, T + 1)
+        return idx

@@ -1,0 +1,193 @@
+"""Where the norm sits around a residual sublayer F (attention or MLP) of a Transformer block.
+
+    post      x_{l+1} = Norm(x + F(x))                  (Vaswani et al. 2017, "Post-LN")
+    pre       x_{l+1} = x + F(Norm(x))                  (Xiong et al. 2020, "Pre-LN"; final norm)
+    deepnorm  x_{l+1} = Norm(alpha * x + F(x))          (Wang et al. 2022, DeepNet; beta init)
+    sandwich  x_{l+1} = x + Norm(F(Norm(x)))            (Ding et al. 2021, CogView; final norm)
+    none      x_{l+1} = x + F(x)                        (no norm anywhere: the ablation)
+
+Only norms that normalise each token over its last dim (layernorm, rmsnorm, prmsnorm, none) can
+sit in a placement. BatchNorm, GroupNorm and InstanceNorm of a (B, T, D) stream would take their
+statistics across positions (after a transpose to (B, D, T)), so in a causal language model a
+token's output would depend on later tokens: they are rejected with an error naming the norm and
+the placement rather than supported through a transpose.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from normlab.norms import LayerNorm, NoNorm, NormConfigError, RMSNorm, norm_from_config
+
+DEEPNORM_ARCHS = ("encoder", "decoder", "encoder_decoder")
+
+TOKENWISE = (LayerNorm, RMSNorm, NoNorm)  # normalise each token over its features (PRMSNorm too)
+
+
+def tokenwise_norm(norm_cfg: Mapping[str, Any], d_model: int, placement: str) -> nn.Module:
+    """Build the configured norm for a (B, T, D) stream; reject norms that mix positions."""
+    norm = norm_from_config(norm_cfg, d_model)
+    if not isinstance(norm, TOKENWISE):
+        name = norm_cfg["name"]
+        raise NormConfigError(
+            f"norm={name} cannot sit in placement={placement}: a Transformer block normalises "
+            f"each token over its {d_model} features, and {name} would take statistics across "
+            "positions (future tokens in a causal model). Use layernorm, rmsnorm, prmsnorm or none"
+        )
+    return norm
+
+
+def deepnorm_constants(
+    arch: str, N: int | None = None, M: int | None = None, side: str = "encoder"
+) -> tuple[float, float]:
+    """DeepNet's (alpha, beta) for N encoder / M decoder layers (Wang et al. 2022, Table 1).
+
+    arch: encoder (needs N), decoder (needs M), encoder_decoder (needs N and M; `side` picks
+    the encoder's or the decoder's pair).
+    """
+    key = str(arch).lower().replace("-", "_")
+    if key not in DEEPNORM_ARCHS:
+        raise ValueError(f"deepnorm arch={arch!r} is not one of {list(DEEPNORM_ARCHS)}")
+    need = {"encoder": ("N",), "decoder": ("M",), "encoder_decoder": ("N", "M")}[key]
+    for name, value in (("N", N), ("M", M)):
+        if name in need and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+            raise ValueError(
+                f"deepnorm arch={key}: {name} must be a positive integer, got {value!r}"
+            )
+    if key == "encoder":
+        return (2 * N) ** 0.25, (8 * N) ** -0.25
+    if key == "decoder":
+        return (2 * M) ** 0.25, (8 * M) ** -0.25
+    if side == "encoder":
+        return 0.81 * (N**4 * M) ** (1 / 16), 0.87 * (N**4 * M) ** (-1 / 16)
+    if side == "decoder":
+        return (3 * M) ** 0.25, (12 * M) ** -0.25
+    raise ValueError(
+        f"deepnorm arch=encoder_decoder: side must be encoder or decoder, got {side!r}"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Placements
+# --------------------------------------------------------------------------------------------
+
+
+class Residual(nn.Module):
+    """A residual sublayer with its norm(s); subclasses say where the norm sits."""
+
+    name: ClassVar[str]
+    needs_final_norm: ClassVar[bool] = False  # the residual stream leaves the last block unnormed
+
+    def __init__(self, sublayer: nn.Module, d_model: int, norm_cfg: Mapping[str, Any]) -> None:
+        super().__init__()
+        self.sublayer = sublayer
+
+
+class PostNorm(Residual):
+    """Post-LN: Norm(x + F(x))."""
+
+    name = "post"
+
+    def __init__(self, sublayer: nn.Module, d_model: int, norm_cfg: Mapping[str, Any]) -> None:
+        super().__init__(sublayer, d_model, norm_cfg)
+        self.norm = tokenwise_norm(norm_cfg, d_model, self.name)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x + self.sublayer(x))  # (B, T, D)
+
+
+class PreNorm(Residual):
+    """Pre-LN: x + F(Norm(x)); the model adds a final norm after the last block."""
+
+    name = "pre"
+    needs_final_norm = True
+
+    def __init__(self, sublayer: nn.Module, d_model: int, norm_cfg: Mapping[str, Any]) -> None:
+        super().__init__(sublayer, d_model, norm_cfg)
+        self.norm = tokenwise_norm(norm_cfg, d_model, self.name)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.sublayer(self.norm(x))  # (B, T, D)
+
+
+class DeepNorm(Residual):
+    """DeepNorm: Norm(alpha * x + F(x)); the model scales F's init by beta."""
+
+    name = "deepnorm"
+
+    def __init__(
+        self, sublayer: nn.Module, d_model: int, norm_cfg: Mapping[str, Any], alpha: float
+    ) -> None:
+        super().__init__(sublayer, d_model, norm_cfg)
+        if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha > 0):
+            raise ValueError(f"deepnorm: alpha must be a positive number, got {alpha!r}")
+        self.alpha = float(alpha)
+        self.norm = tokenwise_norm(norm_cfg, d_model, self.name)
+
+    def extra_repr(self) -> str:
+        return f"alpha={self.alpha:.4g}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.alpha * x + self.sublayer(x))  # (B, T, D)
+
+
+class SandwichNorm(Residual):
+    """Sandwich-LN: x + Norm_out(F(Norm_in(x))); the model adds a final norm."""
+
+    name = "sandwich"
+    needs_final_norm = True
+
+    def __init__(self, sublayer: nn.Module, d_model: int, norm_cfg: Mapping[str, Any]) -> None:
+        super().__init__(sublayer, d_model, norm_cfg)
+        self.norm_in = tokenwise_norm(norm_cfg, d_model, self.name)
+        self.norm_out = tokenwise_norm(norm_cfg, d_model, self.name)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.norm_out(self.sublayer(self.norm_in(x)))  # (B, T, D)
+
+
+class PlainResidual(Residual):
+    """No norm: x + F(x) (the configured norm is ignored)."""
+
+    name = "none"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.sublayer(x)  # (B, T, D)
+
+
+# --------------------------------------------------------------------------------------------
+# Registry
+# --------------------------------------------------------------------------------------------
+
+PLACEMENTS: dict[str, type[Residual]] = {
+    cls.name: cls for cls in (PostNorm, PreNorm, DeepNorm, SandwichNorm, PlainResidual)
+}
+
+
+def available_placements() -> list[str]:
+    """The placement names `create_residual` knows."""
+    return sorted(PLACEMENTS)
+
+
+def placement_class(placement: str) -> type[Residual]:
+    """The Residual class of a placement name (case, `_` and `-` ignored: `Pre` == `pre`)."""
+    cls = PLACEMENTS.get(str(placement).lower().replace("_", "").replace("-", ""))
+    if cls is None:
+        raise ValueError(f"placement={placement!r} is not one of {available_placements()}")
+    return cls
+
+
+def create_residual(
+    placement: str, sublayer: nn.Module, d_model: int, norm_cfg: Mapping[str, Any], **kw: Any
+) -> Residual:
+    """Wrap `sublayer` in the named placement, norms from `norm_cfg` (deepnorm needs alpha=)."""
+    cls = placement_class(placement)
+    try:
+        return cls(sublayer, d_model, norm_cfg, **kw)
+    except TypeError as err:
+        raise ValueError(f"placement={cls.name}: bad arguments {sorted(kw)}: {err}") from err
