@@ -8,6 +8,8 @@ from collections.abc import Sequence
 import torch
 from torch.autograd.function import once_differentiable
 
+from normlab.norms import _fused_rms
+from normlab.norms._fused_rms import FusedRMSNormFunction
 from normlab.norms.base import Norm, NormConfigError, channel_view, check_eps
 from normlab.norms.layernorm import trailing_shape
 
@@ -144,7 +146,8 @@ class RMSNorm(Norm):
         weight = None if self.weight is None else self.weight.reshape(-1)
         if weight is not None and spatial > 1:
             weight = weight.repeat_interleave(spatial)  # per-channel gain at every position
-        return RMSNormFunction.apply(rows, weight, self._eps(x), k).view(x.shape)
+        fn = FusedRMSNormFunction if _fused_rms.supports(rows, weight) else RMSNormFunction
+        return fn.apply(rows, weight, self._eps(x), k).view(x.shape)
 
     def _reference(self, x: torch.Tensor) -> torch.Tensor:
         rows, _, k = self._rows(x)  # the rms of each row's first k entries

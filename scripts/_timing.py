@@ -1,0 +1,123 @@
+"""Timing and memory helpers for scripts/bench.py: interleaved repeats, ratios to a baseline.
+
+Every figure bench.py reports is a ratio to a baseline measured in the same process: the
+candidates and their baseline run in turn (baseline, a, b, baseline, a, b, ...) so that load from
+other processes on a shared machine hits all of them alike, and a ratio is the median over rounds
+of (candidate time / baseline time) in the same round.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torch import nn
+
+
+def sync(device: torch.device | str) -> None:
+    """Wait for queued GPU work, so a timer around it measures it."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def interleaved(
+    fns: Mapping[str, Callable[[], Any]],
+    rounds: int,
+    warmup: int = 1,
+    device: torch.device | str = "cpu",
+    setup: Callable[[], Any] | None = None,
+    min_sample_s: float = 0.0,
+) -> dict[str, list[float]]:
+    """Seconds per call of each fn, one sample per fn per round, after `warmup` rounds.
+
+    The fns are called in turn and the order is rotated every round, so no fn always follows
+    the same one. A sample repeats its call `number` times, chosen in the warmup so that the
+    slowest fn takes about `min_sample_s` per sample (short calls are otherwise all noise);
+    `setup` (untimed) runs before every sample, e.g. to drop the gradients of the last one.
+    """
+    names = list(fns)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    number = 1
+    for r in range(warmup + rounds):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            if setup is not None:
+                setup()
+            sync(device)
+            start = time.perf_counter()
+            for _ in range(number):
+                fns[name]()
+            sync(device)
+            elapsed = (time.perf_counter() - start) / number
+            if r >= warmup:
+                times[name].append(elapsed)
+            elif min_sample_s > 0:
+                number = max(number, math.ceil(min_sample_s / max(elapsed, 1e-9)))
+    return times
+
+
+def ratio(times: Mapping[str, list[float]], name: str, baseline: str) -> float:
+    """Median over rounds of times[name][i] / times[baseline][i]."""
+    pairs = zip(times[name], times[baseline], strict=True)
+    return statistics.median(t / b for t, b in pairs)
+
+
+def median_ms(values: list[float]) -> float:
+    return 1e3 * statistics.median(values)
+
+
+def activation_bytes(module: nn.Module, x: torch.Tensor) -> int:
+    """Bytes a forward pass keeps alive for backward: its output plus the saved tensors.
+
+    Counted per storage (shared storages once), leaving out the input and the module's
+    parameters, which exist whether or not the layer runs. This is the layer's own memory cost in
+    training (what stays allocated between forward and backward), not the allocator's peak.
+    """
+    given = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    given.add(x.untyped_storage().data_ptr())
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in given:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = module(x)
+    out = y.untyped_storage()
+    seen[out.data_ptr()] = out.nbytes()
+    return sum(seen.values())
+
+
+class StepTimer(pl.Callback):
+    """Times of the training steps of a run: each from the end of the last step to its own end.
+
+    Added to a run by config (`+callbacks.bench_timer._target_=_timing.StepTimer`); the instance
+    of the latest run is `StepTimer.last`.
+    """
+
+    last: StepTimer | None = None
+
+    def __init__(self) -> None:
+        self.stamps: list[float] = []  # epoch start, then the end of every training step
+        self.losses: list[float] = []
+        StepTimer.last = self
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self.stamps:
+            self.stamps.append(time.perf_counter())
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.stamps.append(time.perf_counter())
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        self.losses.append(float(loss))
+
+    @property
+    def steps(self) -> list[float]:
+        return [b - a for a, b in zip(self.stamps, self.stamps[1:], strict=False)]

@@ -1,0 +1,401 @@
+"""Speed and memory of normlab against its baselines: `python scripts/bench.py [norms|train|all]`.
+
+norms: forward + backward time and activation memory of every normlab norm (each impl) against
+       the torch.nn layer (and timm's where it has one), at a CNN shape (256, 16, 14, 14) and a
+       Transformer shape (64, 256, 512); float32 on CPU, plus float32 and bf16 on a GPU if present.
+train: one epoch of LeNet+BN on Fashion-MNIST through normlab.run.train (the composed config of
+       `python train.py`, in this process) against a hand-written loop over the same tensors with
+       the same model, batch order and optimizer; the same for N steps of the Transformer LM.
+
+Every figure is a ratio to a baseline measured in the same run, the two run in turn and the
+ratio taken per round, then the median over rounds (see _timing.py). Prints markdown tables and
+writes outputs/bench/<part>.csv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import StepTimer, activation_bytes, interleaved, median_ms, ratio  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / "outputs" / "bench"
+CNN = (256, 16, 14, 14)
+SEQ = (64, 256, 512)
+FAST_TARGET, REFERENCE_TARGET, TRAIN_TARGET = 1.05, 3.0, 1.05
+
+# ------------------------------------------------------------------------------------------------
+# Norm layers
+# ------------------------------------------------------------------------------------------------
+
+
+class ChannelsLast(nn.Module):
+    """A channels-first torch layer applied to (B, T, D) features, as normlab's channel_dim=-1."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x.movedim(-1, 1)).movedim(1, -1)  # (B, T, D)
+
+
+@dataclass
+class NormCase:
+    """A normlab norm at one shape and the layers it is compared with (first: the baseline)."""
+
+    shape: tuple[int, ...]
+    name: str
+    kwargs: dict[str, Any]
+    baselines: dict[str, Callable[[], nn.Module]]
+    impls: tuple[str, ...] = ("fast", "reference")
+    note: str = ""
+    extra: dict[str, Callable[[], nn.Module]] = field(default_factory=dict)
+
+
+def norm_cases() -> list[NormCase]:
+    from timm import layers as timm_layers
+
+    c, d = CNN[1], SEQ[-1]
+    bn_impls = ("fast", "reference", "manual")
+    return [
+        NormCase(CNN, "batchnorm", {}, {
+            "torch BatchNorm2d": lambda: nn.BatchNorm2d(c),
+            "timm BatchNormAct2d": lambda: timm_layers.BatchNormAct2d(c, apply_act=False),
+        }, bn_impls),
+        NormCase(CNN, "groupnorm", {"num_groups": 4}, {
+            "torch GroupNorm": lambda: nn.GroupNorm(4, c),
+            "timm GroupNorm": lambda: timm_layers.GroupNorm(c, num_groups=4),
+        }),
+        NormCase(CNN, "instancenorm", {}, {"torch InstanceNorm2d": lambda: nn.InstanceNorm2d(c)}),
+        NormCase(CNN, "layernorm", {"channel_dim": 1}, {
+            "torch GroupNorm(1)": lambda: nn.GroupNorm(1, c),
+            "timm GroupNorm1": lambda: timm_layers.GroupNorm1(c),
+        }, note="over (C, H, W), per-channel affine"),
+        NormCase(CNN, "rmsnorm", {"channel_dim": 1}, {
+            "torch RMSNorm(C,H,W)": lambda: nn.RMSNorm(CNN[1:]),
+        }, note="over (C, H, W); torch's weight is per element"),
+        NormCase(CNN, "prmsnorm", {"channel_dim": 1}, {
+            "torch RMSNorm(C,H,W)": lambda: nn.RMSNorm(CNN[1:]),
+        }, note="rms of the first 1/16 of the channels"),
+        NormCase(SEQ, "layernorm", {}, {
+            "torch LayerNorm": lambda: nn.LayerNorm(d),
+            "timm LayerNorm": lambda: timm_layers.LayerNorm(d),
+        }),
+        NormCase(SEQ, "rmsnorm", {}, {
+            "torch RMSNorm": lambda: nn.RMSNorm(d),
+            "timm RmsNorm": lambda: timm_layers.RmsNorm(d),
+        }, extra={"torch LayerNorm": lambda: nn.LayerNorm(d)}),
+        NormCase(SEQ, "prmsnorm", {}, {"torch RMSNorm": lambda: nn.RMSNorm(d)},
+                 note="rms of the first 32 of 512 features"),
+        NormCase(SEQ, "batchnorm", {"channel_dim": -1}, {
+            "torch BatchNorm1d": lambda: ChannelsLast(nn.BatchNorm1d(d)),
+        }, bn_impls, note="features last, statistics over (B, T)"),
+        NormCase(SEQ, "groupnorm", {"channel_dim": -1, "num_groups": 32}, {
+            "torch GroupNorm": lambda: ChannelsLast(nn.GroupNorm(32, d)),
+        }, note="features last"),
+        NormCase(SEQ, "instancenorm", {"channel_dim": -1}, {
+            "torch InstanceNorm1d": lambda: ChannelsLast(nn.InstanceNorm1d(d)),
+        }, note="features last, statistics over T"),
+    ]  # fmt: skip
+
+
+def _norm_rows(case: NormCase, device: str, dtype: torch.dtype, rounds: int) -> list[dict]:
+    from normlab.norms import create_norm
+
+    kwargs = dict(case.kwargs)
+    channel_dim = kwargs.pop("channel_dim", None)
+    features = case.shape[1] if case.shape == CNN else case.shape[-1]
+    layers: dict[str, nn.Module] = {k: make() for k, make in case.baselines.items()}
+    for impl in case.impls:
+        layers[f"normlab {impl}"] = create_norm(
+            case.name, features, channel_dim=channel_dim, impl=impl, **kwargs
+        )
+    layers.update({k: make() for k, make in case.extra.items()})
+    layers = {k: m.to(device=device, dtype=dtype).train() for k, m in layers.items()}
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(case.shape, generator=gen, device=device, dtype=dtype).requires_grad_()
+    dy = torch.randn(case.shape, generator=gen, device=device, dtype=dtype)
+
+    def step(module: nn.Module) -> Callable[[], None]:
+        # gradients returned, not accumulated into .grad: every call does the same work
+        inputs = [x, *(p for p in module.parameters() if p.requires_grad)]
+        return lambda: torch.autograd.grad(module(x), inputs, dy)
+
+    times = interleaved(
+        {k: step(m) for k, m in layers.items()},
+        rounds,
+        warmup=2,
+        device=device,
+        min_sample_s=0.02,
+    )
+    memory = {k: activation_bytes(m, x) for k, m in layers.items()}
+    base = next(iter(case.baselines))
+    rows = []
+    for name in layers:
+        impl = name.removeprefix("normlab ") if name.startswith("normlab") else ""
+        target = {"fast": FAST_TARGET, "reference": REFERENCE_TARGET}.get(impl)
+        time_ratio = ratio(times, name, base)
+        row = {
+            "device": device,
+            "dtype": str(dtype).removeprefix("torch."),
+            "shape": "x".join(map(str, case.shape)),
+            "norm": case.name,
+            "layer": name,
+            "ms": round(median_ms(times[name]), 3),
+            "time_ratio": round(time_ratio, 3),
+            "act_MiB": round(memory[name] / 2**20, 2),
+            "mem_ratio": round(memory[name] / memory[base], 3),
+            "baseline": base,
+            "target": f"<= {target}" if target else "",
+            "ok": "" if target is None else ("yes" if time_ratio <= target else "NO"),
+            "note": case.note,
+        }
+        if case.name == "rmsnorm" and impl == "fast" and "torch LayerNorm" in layers:
+            vs_ln = ratio(times, name, "torch LayerNorm")
+            row["vs_layernorm"] = round(vs_ln, 3)
+            row["note"] = f"{vs_ln:.3f}x torch LayerNorm (target < 1)"
+        rows.append(row)
+    return rows
+
+
+def bench_norms(rounds: int) -> list[dict]:
+    from normlab.norms import _fused_rms
+
+    fused = _fused_rms.available()  # build the fused kernel before any timing
+    print(f"fused RMSNorm kernel: {'on' if fused else 'OFF (pure-torch fast path)'}")
+    settings = [("cpu", torch.float32)]
+    if torch.cuda.is_available():
+        settings += [("cuda", torch.float32), ("cuda", torch.bfloat16)]
+    rows = []
+    for device, dtype in settings:
+        for case in norm_cases():
+            rows += _norm_rows(case, device, dtype, rounds)
+            last = rows[-1]
+            print(f"  {device} {last['dtype']} {last['shape']} {case.name}: done", flush=True)
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------
+# Training: normlab (Lightning) against a hand-written loop
+# ------------------------------------------------------------------------------------------------
+
+
+def compose(overrides: list[str], run_dir: Path):
+    """The config `python train.py <overrides> hydra.run.dir=<run_dir>` would run."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    import normlab.config  # noqa: F401  (resolvers)
+
+    with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
+        cfg = hydra_compose("train", overrides=overrides, return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(run_dir)
+        del cfg.hydra
+    return cfg
+
+
+def run_normlab(overrides: list[str]) -> dict[str, float]:
+    """normlab.run.train on the composed config; seconds of the training steps and of train()."""
+    import normlab.run
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = compose([*overrides, "+callbacks.bench_timer._target_=_timing.StepTimer"], Path(tmp))
+        start = time.perf_counter()
+        result = normlab.run.train(cfg)
+        total = time.perf_counter() - start
+    assert result["status"] == "ok", result
+    timer = StepTimer.last
+    return {
+        "step_s": statistics.median(timer.steps),
+        "steps_s": timer.stamps[-1] - timer.stamps[0],
+        "total_s": total,
+        "loss": sum(timer.losses) / len(timer.losses),
+        "n": len(timer.losses),
+    }
+
+
+def run_hand(overrides: list[str], max_steps: int | None) -> dict[str, float]:
+    """The same model, batches and optimizer in a plain PyTorch loop (no Lightning)."""
+    import lightning.pytorch as pl
+    import torch.nn.functional as F
+    from hydra.utils import instantiate
+
+    from normlab.tasks.base import lr_lambda
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = compose(overrides, Path(tmp))
+    start_total = time.perf_counter()
+    pl.seed_everything(cfg.seed, verbose=False)  # as normlab.run.train: same init, same order
+    if cfg.get("num_threads"):
+        torch.set_num_threads(int(cfg.num_threads))
+    datamodule = instantiate(cfg.data)
+    task = instantiate(cfg.model)  # only for its net and its optimizer's parameter groups
+    datamodule.setup("fit")
+    net = task.net.train()
+    optim_cfg = task.optim_cfg
+    optimizer = optim_cfg["optimizer"](task.param_groups())
+    loader = datamodule.train_dataloader()
+    steps = min(len(loader), max_steps or len(loader))
+    factor = lr_lambda(
+        optim_cfg.get("schedule", "constant"),
+        int(optim_cfg.get("warmup_steps", 0)),
+        lambda: steps,
+        float(optim_cfg.get("min_lr_ratio", 0.0)),
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    losses = []
+    stamps = [time.perf_counter()]
+    for i, (x, y) in enumerate(loader):
+        if i == steps:
+            break
+        logits = net(x)
+        loss = F.cross_entropy(logits.flatten(0, -2), y.flatten())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        losses.append(loss.item())
+        stamps.append(time.perf_counter())
+    return {
+        "step_s": statistics.median(b - a for a, b in zip(stamps, stamps[1:], strict=False)),
+        "steps_s": stamps[-1] - stamps[0],
+        "total_s": time.perf_counter() - start_total,
+        "loss": sum(losses) / len(losses),
+        "n": len(losses),
+    }
+
+
+MEASURES = {
+    "step_s": "median step",  # steady state: robust to bursts of load from other processes
+    "steps_s": "all training steps",
+    "total_s": "train() end to end",  # + data setup, sanity check, validation, checkpoints
+}
+TRAIN_CASES = {
+    # name: (overrides, steps the hand loop takes: None = one epoch)
+    "lenet_bn_epoch": (["trainer.max_epochs=1", "test=false"], None),
+    "transformer_30_steps": (
+        [
+            "model=transformer",
+            "trainer.max_epochs=1",
+            "trainer.limit_train_batches=30",
+            "test=false",
+        ],
+        30,
+    ),
+}
+
+
+def bench_train(rounds: int, names: list[str] | None = None) -> list[dict]:
+    rows = []
+    for name, (overrides, steps) in TRAIN_CASES.items():
+        if names and name not in names:
+            continue
+        if (
+            "model=transformer" in overrides
+            and not (REPO / "src/normlab/models/transformer.py").exists()
+        ):
+            continue
+        try:
+            run_hand(overrides, 3)  # warm up: imports, data files in the page cache
+        except Exception as err:  # e.g. a model still being written: say so, bench the rest
+            print(f"  {name}: skipped ({type(err).__name__}: {str(err).splitlines()[0]})")
+            rows.append({"case": name, "measure": f"skipped: {type(err).__name__}"})
+            continue
+        runs: dict[str, list[dict]] = {"hand": [], "normlab": []}
+        for _ in range(rounds):
+            runs["hand"].append(run_hand(overrides, steps))
+            runs["normlab"].append(run_normlab(overrides))
+        for key in ("step_s", "steps_s", "total_s"):
+            times = {side: [r[key] for r in rs] for side, rs in runs.items()}
+            r = ratio(times, "normlab", "hand")
+            rows.append({
+                "case": name,
+                "measure": MEASURES[key],
+                "steps": runs["normlab"][0]["n"],
+                "hand_s": round(median_ms(times["hand"]) / 1e3, 4),
+                "normlab_s": round(median_ms(times["normlab"]) / 1e3, 4),
+                "ratio": round(r, 3),
+                "target": f"<= {TRAIN_TARGET}" if key == "step_s" else "",
+                "ok": ("yes" if r <= TRAIN_TARGET else "NO") if key == "step_s" else "",
+                "mean_loss_hand": round(runs["hand"][0]["loss"], 4),
+                "mean_loss_normlab": round(runs["normlab"][0]["loss"], 4),
+            })  # fmt: skip
+            print(f"  {name} {key}: {rows[-1]['ratio']}x", flush=True)
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------
+# Output
+# ------------------------------------------------------------------------------------------------
+
+
+def markdown(rows: list[dict], columns: list[str]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(str(r.get(c, "")) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("part", nargs="?", default="all", choices=["norms", "train", "all"])
+    parser.add_argument("--rounds", type=int, default=None, help="repeats (norms 15, train 3)")
+    parser.add_argument("--train-cases", nargs="*", default=None, choices=list(TRAIN_CASES))
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads (default: torch's)"
+    )
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    os.environ.setdefault("NORMLAB_DATA", str(REPO.parent / "shared" / "data"))
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"load average {load:.1f}, THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE')}"
+    )
+    if args.part in ("norms", "all"):
+        rows = bench_norms(args.rounds or 15)
+        write_csv(rows, OUT / "norms.csv")
+        cols = ["device", "dtype", "shape", "norm", "layer", "ms", "time_ratio", "act_MiB",
+                "mem_ratio", "target", "ok", "note"]  # fmt: skip
+        print("\n## Norms: forward + backward, ratio to the first torch layer of each group\n")
+        print(markdown(rows, cols))
+    if args.part in ("train", "all"):
+        rows = bench_train(args.rounds or 3, args.train_cases)
+        write_csv(rows, OUT / "train.csv")
+        cols = ["case", "measure", "steps", "hand_s", "normlab_s", "ratio", "target", "ok",
+                "mean_loss_hand", "mean_loss_normlab"]  # fmt: skip
+        print("\n## Training: normlab.run.train vs a hand-written loop\n")
+        print(markdown(rows, cols))
+    print(f"\nCSV in {OUT}")
+
+
+if __name__ == "__main__":
+    main()

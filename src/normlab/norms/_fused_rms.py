@@ -1,0 +1,101 @@
+"""RMSNorm's fused CPU kernel (_fused_rms.cpp): one pass per row forward and backward.
+
+The C++ source is compiled on first use into torch's extension cache
+(TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions; needs a C++ compiler and ninja) and
+reused afterwards. When it cannot be built, RMSNorm's fast path stays on pure torch ops
+(normlab.norms.rmsnorm.RMSNormFunction) after one warning. NORMLAB_FUSED_RMS=0 switches it off.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import warnings
+from pathlib import Path
+
+import torch
+from torch.autograd.function import once_differentiable
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("_fused_rms.cpp")
+DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def _cpu_tag() -> str | None:
+    """A short hash of this CPU's feature flags (Linux), or None when they cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next(line for line in f if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return None
+    return hashlib.sha1(flags.encode()).hexdigest()[:8]
+
+
+@functools.cache
+def available() -> bool:
+    """Build (or load from the cache) the kernel once per process; False if that fails."""
+    if os.environ.get("NORMLAB_FUSED_RMS", "1") == "0":
+        return False
+    try:
+        cpp_log = logging.getLogger("torch.utils.cpp_extension")
+        level = cpp_log.level
+        cpp_log.setLevel(logging.ERROR)  # its import warns about CUDA, which is not used here
+        try:
+            from torch.utils.cpp_extension import load
+        finally:
+            cpp_log.setLevel(level)
+
+        # -march=native: the build is tuned to this CPU (AVX2/AVX-512 where present), so its
+        # name carries the CPU's feature flags and another CPU type gets a build of its own
+        tag = _cpu_tag()
+        log.info("loading the fused RMSNorm kernel (compiled once into the torch extension cache)")
+        load(
+            name=f"normlab_fused_rms_{tag}" if tag else "normlab_fused_rms",
+            sources=[str(SOURCE)],
+            extra_cflags=["-O3", "-fopenmp", *(["-march=native"] if tag else [])],
+            extra_ldflags=["-fopenmp"],
+            is_python_module=False,
+        )
+    except Exception as err:  # no compiler, no ninja, no source file: keep the torch path
+        warnings.warn(
+            f"normlab: the fused RMSNorm kernel could not be built ({type(err).__name__}: "
+            f"{str(err)[:300]}); RMSNorm uses its pure-torch fast path",
+            stacklevel=2,
+        )
+        return False
+    return True
+
+
+def supports(x: torch.Tensor, weight: torch.Tensor | None) -> bool:
+    """Whether the fused kernel can take this input: CPU, a float dtype shared with the weight."""
+    return (
+        x.device.type == "cpu"
+        and x.dtype in DTYPES
+        and (weight is None or (weight.dtype == x.dtype and weight.device == x.device))
+        and not torch.compiler.is_compiling()
+        and available()
+    )
+
+
+class FusedRMSNormFunction(torch.autograd.Function):
+    """y = x / rms * w over rows of a (R, D) input, rms from the first k features (C++ kernel)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps, k):
+        x = x.contiguous()
+        y, inv_rms = torch.ops.normlab_rms.forward(x, weight, float(eps), int(k))
+        ctx.save_for_backward(x, weight, inv_rms)
+        ctx.k = int(k)
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        x, weight, inv_rms = ctx.saved_tensors
+        need_x = ctx.needs_input_grad[0]
+        need_w = weight is not None and ctx.needs_input_grad[1]
+        dx, dw = torch.ops.normlab_rms.backward(dy, x, weight, inv_rms, ctx.k, need_x, need_w)
+        return (dx if need_x else None, dw if need_w else None, None, None)

@@ -1,0 +1,68 @@
+"""RMSNorm's fused C++ kernel: built here, equal to torch, gradchecked, and a clean fallback."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from normlab.norms import _fused_rms, create_norm
+from normlab.norms._fused_rms import FusedRMSNormFunction
+
+CAN_BUILD = shutil.which("ninja") is not None and shutil.which("c++") is not None
+
+
+def needs_kernel() -> None:
+    if not CAN_BUILD:
+        pytest.skip("no C++ compiler or ninja: the fused kernel cannot be built here")
+    assert _fused_rms.available(), "a compiler and ninja are present but the kernel did not build"
+
+
+@pytest.mark.parametrize("k", [7, 3, 1])
+@pytest.mark.parametrize("with_weight", [True, False])
+def test_fused_function_gradcheck(k, with_weight):
+    needs_kernel()
+    torch.manual_seed(0)
+    x = torch.randn(5, 7, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(7, dtype=torch.float64, requires_grad=True) if with_weight else None
+    inputs = (x, w) if with_weight else (x,)
+    f = lambda x, w=None: FusedRMSNormFunction.apply(x, w, 1e-5, k)  # noqa: E731
+    assert torch.autograd.gradcheck(f, inputs)
+
+
+def test_rmsnorm_fast_runs_the_kernel_and_equals_torch():
+    needs_kernel()
+    torch.manual_seed(0)
+    norm = create_norm("rmsnorm", 300, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.normal_()
+    x = torch.randn(4, 33, 300, requires_grad=True)  # rows not a multiple of the thread count
+    x_ref = x.detach().clone().requires_grad_()
+    w_ref = norm.weight.detach().clone().requires_grad_()
+    y, y_ref = norm(x), F.rms_norm(x_ref, (300,), w_ref, 1e-6)
+    assert type(y.grad_fn.next_functions[0][0]).__name__ == "FusedRMSNormFunctionBackward"
+    torch.testing.assert_close(y, y_ref)
+    g = torch.randn_like(y)
+    y.backward(g)
+    y_ref.backward(g)
+    torch.testing.assert_close(x.grad, x_ref.grad)
+    torch.testing.assert_close(norm.weight.grad, w_ref.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_bfloat16_input_accumulates_in_float():
+    needs_kernel()
+    torch.manual_seed(0)
+    x = torch.randn(8, 512) * 30
+    norm = create_norm("rmsnorm", 512, eps=1e-6)
+    y = norm.to(torch.bfloat16)(x.to(torch.bfloat16))
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), F.rms_norm(x, (512,), eps=1e-6), rtol=1e-2, atol=1e-2)
+
+
+def test_falls_back_to_pure_torch_when_the_kernel_is_unavailable(monkeypatch):
+    monkeypatch.setattr(_fused_rms, "available", lambda: False)
+    norm = create_norm("rmsnorm", 16)
+    y = norm(torch.randn(3, 16, requires_grad=True))
+    assert type(y.grad_fn.next_functions[0][0]).__name__ == "RMSNormFunctionBackward"
