@@ -34,6 +34,7 @@ class NormStats(pl.Callback):
 
     def _record(self, name: str):
         def hook(_module: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
+            out = out[0] if isinstance(out, tuple) else out  # adaLN-Zero returns (h, gate)
             x, y = args[0].detach().float(), out.detach().float()
             unit = y.select(1, self.unit) if y.ndim > 1 else y  # channel/feature `unit`
             q = torch.quantile(unit.flatten(), QUANTILES.to(unit.device))

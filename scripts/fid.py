@@ -1,0 +1,64 @@
+"""fid_lenet of a DiT checkpoint (EMA weights) against the Fashion-MNIST test set.
+
+    python scripts/fid.py CKPT [--num-samples 1000] [--steps 25] [--guidance-scale G]
+                               [--lenet outputs/fid_lenet/lenet.pt] [--seed 0]
+
+The model is rebuilt from the run's composed config (<run dir>/.hydra/config.yaml, the run dir
+being CKPT/../..; or --config). fid_lenet is NOT Inception FID: see normlab.fid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+import normlab.config  # noqa: F401  (registers the resolvers the run's config uses)
+from normlab import fid
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("ckpt", type=Path, help="a checkpoint of a diffusion run")
+    parser.add_argument("--config", type=Path, help="default: CKPT/../../.hydra/config.yaml")
+    parser.add_argument("--lenet", default="outputs/fid_lenet/lenet.pt", help="fid_lenet file")
+    parser.add_argument("--data-root", default=os.environ.get("NORMLAB_DATA", "data"))
+    parser.add_argument("--num-samples", type=int, default=1000)
+    parser.add_argument("--steps", type=int, default=None, help="DDIM steps (default: model's)")
+    parser.add_argument("--guidance-scale", type=float, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch-size", type=int, default=500)
+    args = parser.parse_args()
+
+    cfg = OmegaConf.load(args.config or args.ckpt.parent.parent / ".hydra" / "config.yaml")
+    task = instantiate(cfg.model)
+    state = torch.load(args.ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    task.load_state_dict(state)
+    features = fid.load_feature_extractor(args.lenet)
+    reference = fid.feature_stats(features(fid.fashion_mnist_test_pixels(args.data_root)))
+    generated = fid.generate_pixels(
+        task, args.num_samples, args.steps, args.guidance_scale, args.seed, args.batch_size
+    )
+    value = fid.fid_lenet(features, generated, reference)
+    print(
+        json.dumps(
+            {
+                "ckpt": str(args.ckpt),
+                "fid_lenet": value,
+                "num_samples": args.num_samples,
+                "steps": args.steps or task.sample_steps,
+                "guidance_scale": task.guidance_scale
+                if args.guidance_scale is None
+                else args.guidance_scale,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""Adaptive norms: a base norm without its own affine, then shift/scale regressed from a condition.
+
+One idea, four names. Every layer here computes
+
+    h = norm(x);  shift, scale[, gate] = Linear(act(c));  y = h * (1 + scale) + shift
+
+and differs only in the base norm, the feature axis, the activation before the regression,
+whether a residual gate is regressed too, and how the regression starts:
+
+    AdaLN           (DiT, Peebles & Xie 2023)   layernorm on tokens (B, T, D), SiLU, default init
+    AdaLNZero       (DiT)                       AdaLN + a gate per branch, regression zero-init
+    FiLM            (Perez et al. 2018)         no norm: gamma(z) * x + beta(z), gamma = 1 + dgamma
+    ScaleShiftNorm  (ADM, Dhariwal & Nichol 21) groupnorm on conv features (B, C, H, W), SiLU
+
+The base norm comes from the registry (`norm_from_config`) with its affine switched off: the
+regressed shift/scale replace it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from normlab.norms.base import NormConfigError
+
+# The create_norm keyword that switches a family's own affine parameters off.
+AFFINE_KEYS = {
+    "layernorm": "elementwise_affine",
+    "rmsnorm": "elementwise_affine",
+    "prmsnorm": "elementwise_affine",
+    "batchnorm": "affine",
+    "groupnorm": "affine",
+    "instancenorm": "affine",
+}
+
+
+def as_norm_config(norm: str | Mapping[str, Any] | None, default: str = "layernorm") -> dict:
+    """A norm choice as a config mapping: None -> `default`, "rmsnorm" -> {"name": "rmsnorm"}."""
+    if norm is None:
+        norm = default
+    if isinstance(norm, str):
+        return {"name": norm}
+    if not isinstance(norm, Mapping) or "name" not in norm:
+        raise NormConfigError(f"a norm is a name or a mapping with a 'name' key, got {norm!r}")
+    return dict(norm)
+
+
+def plain_norm(norm: str | Mapping[str, Any] | None, num_features: int) -> nn.Module:
+    """The registry's norm `norm` for `num_features`, its own affine parameters switched off."""
+    from normlab.norms import norm_from_config  # the registry imports this module
+
+    cfg = as_norm_config(norm)
+    built = norm_from_config(cfg, num_features)
+    key = AFFINE_KEYS.get(getattr(built, "family", ""))  # the family, whatever alias was used
+    if key is None or cfg.get(key) is False:
+        return built
+    return norm_from_config({**cfg, key: False}, num_features)
+
+
+def broadcast_to(t: torch.Tensor, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """View a per-sample feature tensor (B, F) so it broadcasts against x along x's axis `dim`."""
+    shape = [1] * x.dim()
+    shape[0], shape[dim] = t.shape[0], t.shape[1]
+    return t.view(shape)
+
+
+def modulate(
+    x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, dim: int = -1
+) -> torch.Tensor:
+    """x * (1 + scale) + shift, with shift/scale (B, F) broadcast over every axis but 0 and `dim`.
+
+    dim=-1 for tokens (B, T, D) or vectors (B, D); dim=1 for conv features (B, C, H, W).
+    """
+    return x * (1 + broadcast_to(scale, x, dim)) + broadcast_to(shift, x, dim)
+
+
+class AdaptiveNorm(nn.Module):
+    """norm(x) * (1 + scale(c)) + shift(c) (and a residual gate(c)), regressed by Linear(act(c))."""
+
+    def __init__(
+        self,
+        num_features: int,
+        cond_dim: int,
+        norm: str | Mapping[str, Any] | None = "layernorm",
+        dim: int = -1,
+        activation: bool = True,
+        gated: bool = False,
+        zero_init: bool = False,
+    ) -> None:
+        super().__init__()
+        self.norm = plain_norm(norm, num_features)
+        self.dim = dim
+        self.gated = gated
+        self.zero_init = zero_init
+        self.num_chunks = 3 if gated else 2  # shift, scale[, gate]
+        self.modulation = nn.Sequential(
+            nn.SiLU() if activation else nn.Identity(),
+            nn.Linear(cond_dim, self.num_chunks * num_features),
+        )
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Zero-init: shift = scale = gate = 0 for every c, so the layer starts as the plain norm
+        and a gated branch starts switched off; otherwise torch's default Linear init."""
+        linear = self.modulation[1]
+        if self.zero_init:
+            nn.init.zeros_(linear.weight)
+            nn.init.zeros_(linear.bias)
+        else:
+            linear.reset_parameters()
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, gated={self.gated}, zero_init={self.zero_init}"
+
+    def forward(
+        self, x: torch.Tensor, c: torch.Tensor
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Return the modulated norm of x; gated layers also return the gate, shaped like x's
+        broadcast (multiply the branch output by it before adding it to the residual)."""
+        chunks = self.modulation(c).chunk(self.num_chunks, dim=-1)  # each (B, F)
+        h = modulate(self.norm(x), chunks[0], chunks[1], self.dim)
+        if self.gated:
+            return h, broadcast_to(chunks[2], x, self.dim)
+        return h
+
+
+class AdaLN(AdaptiveNorm):
+    """Adaptive LayerNorm (DiT "adaLN"): shift/scale from Linear(SiLU(c)), no gate."""
+
+    def __init__(
+        self,
+        num_features: int,
+        cond_dim: int,
+        norm: str | Mapping[str, Any] | None = "layernorm",
+        zero_init: bool = False,
+    ) -> None:
+        super().__init__(num_features, cond_dim, norm, dim=-1, zero_init=zero_init)
+
+
+class AdaLNZero(AdaptiveNorm):
+    """adaLN-Zero: AdaLN plus a residual gate; zero-init regression: a block starts as identity."""
+
+    def __init__(
+        self, num_features: int, cond_dim: int, norm: str | Mapping[str, Any] | None = "layernorm"
+    ) -> None:
+        super().__init__(num_features, cond_dim, norm, dim=-1, gated=True, zero_init=True)
+
+
+class FiLM(AdaptiveNorm):
+    """FiLM: gamma(z) * x + beta(z) with linear gamma, beta; gamma = 1 + dgamma as in the paper."""
+
+    def __init__(self, num_features: int, cond_dim: int, dim: int = 1) -> None:
+        super().__init__(num_features, cond_dim, "none", dim=dim, activation=False)
+
+
+class ScaleShiftNorm(AdaptiveNorm):
+    """ADM scale-shift norm on (B, C, H, W): GroupNorm(h) * (1 + scale) + shift, SiLU + Linear."""
+
+    def __init__(
+        self,
+        num_channels: int,
+        cond_dim: int,
+        num_groups: int = 32,
+        eps: float = 1e-5,
+    ) -> None:
+        norm = {"name": "groupnorm", "num_groups": num_groups, "eps": eps}
+        super().__init__(num_channels, cond_dim, norm, dim=1)

@@ -1,0 +1,140 @@
+"""The DiT model: adaLN-Zero identity at init, the four conditionings, the zoo, config errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from normlab.errors import ConfigError
+from normlab.models.dit import CONDITIONINGS, DIT_SIZES, DiT
+from normlab.norms import NormConfigError
+
+LN = {"name": "layernorm", "eps": 1e-5, "elementwise_affine": True, "bias": True, "impl": "fast"}
+TINY = {"hidden_size": 32, "depth": 2, "num_heads": 4, "patch_size": 4}
+B = 8
+
+
+def tiny_dit(conditioning="adaln_zero", **kw):
+    torch.manual_seed(0)
+    return DiT(LN, conditioning=conditioning, class_dropout=0.0, **TINY, **kw)
+
+
+def batch(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, 1, 28, 28, generator=g)
+    t = torch.randint(0, 1000, (B,), generator=g)
+    y = torch.randint(0, 10, (B,), generator=g)
+    return x, t, y
+
+
+def train_steps(net, steps, lr=1e-3):
+    """`steps` Adam steps regressing a fixed target (noise) from a fixed batch."""
+    x, t, y = batch()
+    target = torch.randn(x.shape, generator=torch.Generator().manual_seed(5))
+    opt = torch.optim.Adam(net.parameters(), lr=lr)
+    for _ in range(steps):
+        loss = (net(x, t, y) - target).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def block_io(net, x, t, y):
+    """(input, output) of every block in one forward pass."""
+    pairs = []
+    hooks = [b.register_forward_hook(lambda m, a, o: pairs.append((a[0], o))) for b in net.blocks]
+    out = net(x, t, y)
+    for h in hooks:
+        h.remove()
+    return pairs, out
+
+
+def test_adaln_zero_blocks_are_identity_and_output_zero_at_init():
+    net = tiny_dit()
+    pairs, out = block_io(net, *batch())
+    assert len(pairs) == 2
+    for inp, outp in pairs:
+        assert torch.equal(inp, outp)  # exactly: the gates are 0
+    assert torch.equal(out, torch.zeros_like(out))
+
+
+def test_adaln_zero_leaves_identity_after_training_steps():
+    # Step 1: only the zero output Linear gets a gradient (everything before it is multiplied
+    # by its zero weights), so it stops outputting zeros; the blocks are still the identity.
+    # Step 2: gradients now flow back through the output layer to the gates: blocks change.
+    net = tiny_dit()
+    train_steps(net, 1)
+    pairs, out = block_io(net, *batch(1))
+    assert out.abs().max() > 0
+    assert all(torch.equal(i, o) for i, o in pairs)
+    train_steps(net, 1)
+    pairs, _ = block_io(net, *batch(1))
+    assert not any(torch.equal(i, o) for i, o in pairs)
+
+
+@pytest.mark.parametrize("conditioning", CONDITIONINGS)
+def test_conditioning_shapes_and_label_effect(conditioning):
+    net = tiny_dit(conditioning)
+    x, t, y = batch()
+    assert net(x, t, y).shape == x.shape
+    train_steps(net, 5)
+    net.eval()
+    with torch.no_grad():
+        out_a = net(x, t, torch.zeros_like(y))
+        out_b = net(x, t, torch.full_like(y, 7))
+        out_null = net(x, t, torch.full_like(y, net.null_class))
+    assert not torch.allclose(out_a, out_b)
+    assert not torch.allclose(out_a, out_null)
+
+
+def test_cross_attn_and_in_context_use_plain_norms():
+    from normlab.norms.adaptive import AdaptiveNorm
+
+    for conditioning in ("cross_attn", "in_context"):
+        net = tiny_dit(conditioning)
+        assert not any(isinstance(m, AdaptiveNorm) for m in net.modules())
+    assert sum(isinstance(m, AdaptiveNorm) for m in tiny_dit("adaln").modules()) == 2 * 2 + 1
+
+
+def test_unpatchify_inverts_row_major_patches():
+    net = tiny_dit()
+    x = torch.randn(2, 1, 28, 28)
+    G, p = 7, 4
+    patches = x.view(2, 1, G, p, G, p).permute(0, 2, 4, 3, 5, 1).reshape(2, G * G, p * p)
+    assert torch.equal(net.unpatchify(patches), x)
+
+
+def test_label_dropout_only_in_training():
+    torch.manual_seed(0)
+    net = DiT(LN, class_dropout=1.0, **TINY)
+    y = torch.arange(B) % 10
+    null = net.y_embedder.table.weight[net.null_class]
+    net.train()
+    assert torch.equal(net.y_embedder(y), null.expand(B, -1))
+    net.eval()
+    assert not torch.equal(net.y_embedder(y), null.expand(B, -1))
+
+
+def test_zoo_shapes_are_consistent():
+    for name, shape in DIT_SIZES.items():
+        assert shape["hidden_size"] % shape["num_heads"] == 0, name
+        assert shape["hidden_size"] % 4 == 0, name  # 2D sin-cos positions
+        assert 28 % shape["patch_size"] == 0, name
+    net = DiT(LN, size="tiny")
+    assert net(*batch()).shape == (B, 1, 28, 28)
+
+
+def test_rmsnorm_base():
+    net = DiT({"name": "rmsnorm", "eps": None}, **TINY)
+    assert net(*batch()).shape == (B, 1, 28, 28)
+
+
+def test_bad_configs_fail_with_the_reason():
+    with pytest.raises(ConfigError, match="conditioning"):
+        DiT(LN, conditioning="concat")
+    with pytest.raises(ConfigError, match="size"):
+        DiT(LN, size="XXL/2")
+    with pytest.raises(ConfigError, match="patch_size=8 does not divide input_size=28"):
+        DiT(LN, **{**TINY, "patch_size": 8})
+    with pytest.raises(NormConfigError, match="batchnorm"):
+        DiT({"name": "batchnorm"}, **TINY)
