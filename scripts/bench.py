@@ -197,20 +197,9 @@ def bench_norms(rounds: int) -> list[dict]:
 
 def compose(overrides: list[str], run_dir: Path):
     """The config `python train.py <overrides> hydra.run.dir=<run_dir>` would run."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import open_dict
+    from normlab.config import compose as compose_config
 
-    import normlab.config  # noqa: F401  (resolvers)
-
-    with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
-        cfg = hydra_compose("train", overrides=overrides, return_hydra_config=True)
-    HydraConfig.instance().set_config(cfg)
-    with open_dict(cfg):
-        cfg.paths.output_dir = str(run_dir)
-        del cfg.hydra
-    return cfg
+    return compose_config(overrides, run_dir, REPO / "conf")
 
 
 def run_normlab(overrides: list[str]) -> dict[str, float]:

@@ -26,21 +26,9 @@ TINY = [
 @pytest.fixture
 def compose():
     """compose(overrides, run_dir) -> a DictConfig from conf/train.yaml with hydra runtime set."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
     from hydra.core.hydra_config import HydraConfig
-    from omegaconf import open_dict
 
-    import normlab.config  # noqa: F401
+    from normlab.config import compose as compose_config
 
-    def _compose(overrides: list[str], run_dir: Path):
-        with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
-            cfg = hydra_compose("train", overrides=overrides, return_hydra_config=True)
-        HydraConfig.instance().set_config(cfg)
-        with open_dict(cfg):
-            cfg.paths.output_dir = str(run_dir)
-            del cfg.hydra
-        return cfg
-
-    yield _compose
+    yield lambda overrides, run_dir: compose_config(overrides, run_dir, REPO / "conf")
     HydraConfig.instance().cfg = None

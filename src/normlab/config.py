@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -57,3 +58,23 @@ def validate(cfg: DictConfig) -> None:
     epochs = OmegaConf.select(cfg, "trainer.max_epochs")
     if epochs is not None and epochs != -1 and (not isinstance(epochs, int) or epochs <= 0):
         raise ConfigError(f"trainer.max_epochs must be a positive integer, got {epochs!r}")
+
+
+def compose(overrides: list[str], run_dir: str | Path, config_dir: str | Path) -> DictConfig:
+    """The config `python train.py <overrides> hydra.run.dir=<run_dir>` would run, in-process.
+
+    Hydra's runtime config is set as during a run (loggers and callbacks read it), and
+    `paths.output_dir` points at run_dir.
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    with initialize_config_dir(str(Path(config_dir).resolve()), version_base="1.3"):
+        cfg = hydra_compose("train", overrides=overrides, return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(run_dir)
+        del cfg.hydra
+    return cfg
