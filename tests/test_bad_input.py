@@ -77,3 +77,20 @@ def test_truncated_and_corrupted_data_files_are_named(tmp_path):
     target.write_bytes(b"\x00" * 10008)  # right size, wrong bytes
     message = fail([f"data.root={root}", "data.download=false"], tmp_path)
     assert str(target) in message and "sha256" in message
+
+
+def test_a_failed_download_leaves_nothing_half_written(tmp_path, monkeypatch):
+    from normlab.data import fashion_mnist
+    from normlab.errors import DataError
+
+    def broken_download(root, train, download):  # writes part of a file, then the link drops
+        raw = Path(root) / "FashionMNIST" / "raw"
+        raw.mkdir(parents=True, exist_ok=True)
+        (raw / "train-images-idx3-ubyte").write_bytes(b"\x00" * 1000)
+        raise OSError("connection reset")
+
+    monkeypatch.setattr(fashion_mnist, "FashionMNIST", broken_download)
+    module = fashion_mnist.FashionMNISTDataModule(root=str(tmp_path))
+    with pytest.raises(DataError, match="connection reset"):
+        module.prepare_data()
+    assert list(tmp_path.rglob("*ubyte*")) == []

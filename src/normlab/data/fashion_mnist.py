@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -63,15 +65,25 @@ class FashionMNISTDataModule(pl.LightningDataModule):
         """Download when files are missing (and allowed); then verify every file's checksum."""
         missing = [f for f in SHA256 if not (self.raw_dir / f).exists()]
         if missing and self.download:
+            self._download(missing)
+        for name, digest in SHA256.items():
+            verify(self.raw_dir / name, digest, self._hint())
+
+    def _download(self, missing: list[str]) -> None:
+        """Download into a temp dir beside raw/, then move each file in with one rename, so a
+        half-written download is never where the reader looks."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=self.root, prefix=".download-") as tmp:
             try:
                 for train in (True, False):
-                    FashionMNIST(str(self.root), train=train, download=True)
+                    FashionMNIST(tmp, train=train, download=True)
             except Exception as err:  # offline, mirror down, disk full...
                 raise DataError(
                     f"Fashion-MNIST download into {self.raw_dir} failed ({err}). " + self._hint()
                 ) from None
-        for name, digest in SHA256.items():
-            verify(self.raw_dir / name, digest, self._hint())
+            self.raw_dir.mkdir(parents=True, exist_ok=True)
+            for name in missing:
+                os.replace(Path(tmp) / "FashionMNIST" / "raw" / name, self.raw_dir / name)
 
     def _read(self, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
         ds = FashionMNIST(str(self.root), train=train, download=False)
