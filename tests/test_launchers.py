@@ -22,7 +22,7 @@ import torch
 
 class LogThreads(pl.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        pl_module.log("threads", float(torch.get_num_threads()), on_step=False, on_epoch=True)
+        pl_module.log("train/threads", float(torch.get_num_threads()), on_step=False, on_epoch=True)
 """
 SWEEP = [*TINY, "test=false", "batch=16"]
 
@@ -52,7 +52,7 @@ def test_joblib_sweep_runs_two_jobs_with_a_share_of_the_cores_each(tmp_path):
     assert [r["status"] for r in rows] == ["ok", "ok"]
     assert sorted(r["overrides"].split()[0] for r in rows) == ["norm=batchnorm", "norm=groupnorm"]
     share = max(1, (os.cpu_count() or 1) // 2)  # n_jobs=2: joblib's OMP_NUM_THREADS per worker
-    assert [float(r["threads"]) for r in rows] == [share, share]
+    assert [float(r["train/threads"]) for r in rows] == [share, share]
     assert len({r["run_dir"] for r in rows}) == 2
 
 
