@@ -238,6 +238,8 @@ def run_hand(overrides: list[str], max_steps: int | None) -> dict[str, float]:
         torch.set_num_threads(int(cfg.num_threads))
     datamodule = instantiate(cfg.data)
     task = instantiate(cfg.model)  # only for its net and its optimizer's parameter groups
+    if getattr(datamodule, "ctx", 0) is None:  # windows as long as the model's context (zoo)
+        datamodule.ctx = task.net.ctx
     datamodule.setup("fit")
     net = task.net.train()
     optim_cfg = task.optim_cfg
@@ -281,14 +283,15 @@ MEASURES = {
 TRAIN_CASES = {
     # name: (overrides, steps the hand loop takes: None = one epoch)
     "lenet_bn_epoch": (["trainer.max_epochs=1", "test=false"], None),
-    "transformer_30_steps": (
+    "transformer_50_steps": (
         [
-            "model=transformer",
+            "model=transformer",  # tiny GPT, Pre/Post-LN as configured, AdamW warmup + cosine
+            "batch=64",
             "trainer.max_epochs=1",
-            "trainer.limit_train_batches=30",
+            "trainer.limit_train_batches=50",
             "test=false",
         ],
-        30,
+        50,
     ),
 }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 import torch
@@ -28,6 +29,24 @@ def check_eps(family: str, eps: float | None, allow_none: bool = False) -> float
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps < 0:
         raise NormConfigError(f"{family}: eps must be a number >= 0, got {eps!r}")
     return float(eps)
+
+
+def mean_var(x: torch.Tensor, dims: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """mean = E[x] and biased var = E[x^2] - E[x]^2 over `dims` (kept as size-1 dims).
+
+    Sums rather than `mean`/`var`: their backward is a broadcast view, no full-size tensor,
+    and torch's CPU `var` kernel is many times slower than a sum. The clamp keeps rounding
+    from giving a variance below 0.
+    """
+    n = math.prod(x.shape[d] for d in dims)
+    mean = x.sum(dims, keepdim=True) / n
+    var = ((x * x).sum(dims, keepdim=True) / n - mean * mean).clamp_min(0.0)
+    return mean, var
+
+
+def scale_shift(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """x * scale + shift, with small broadcast scale/shift: one full-size tensor, not two."""
+    return (x * scale).add_(shift)  # in place on the product, which backward does not need
 
 
 def channel_view(t: torch.Tensor, ndim: int) -> torch.Tensor:

@@ -5,7 +5,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from normlab.norms.base import Norm, NormConfigError, channel_view, check_eps, check_positive_int
+from normlab.norms.base import (
+    Norm,
+    NormConfigError,
+    check_eps,
+    check_positive_int,
+    mean_var,
+    scale_shift,
+)
 
 
 class GroupNorm(Norm):
@@ -46,10 +53,14 @@ class GroupNorm(Norm):
         return F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
 
     def _reference(self, x: torch.Tensor) -> torch.Tensor:
-        groups = x.reshape(x.shape[0], self.num_groups, -1)  # (N, G, C/G * spatial)
-        mean = groups.mean(2, keepdim=True)  # over the group's channels and positions
-        var = groups.var(2, correction=0, keepdim=True)
-        y = ((groups - mean) / torch.sqrt(var + self.eps)).reshape(x.shape)
+        n, g = x.shape[0], self.num_groups
+        groups = x.reshape(n, g, self.num_features // g, -1)  # (N, G, C/G, spatial)
+        mean, var = mean_var(groups, (2, 3))  # over the group's channels and positions
+        # y = (x - mean) / sqrt(var + eps) * weight + bias as x * scale + shift, (N, G, C/G, 1)
+        scale = torch.rsqrt(var + self.eps)
         if self.weight is not None:
-            y = y * channel_view(self.weight, x.dim()) + channel_view(self.bias, x.dim())
-        return y
+            scale = scale * self.weight.view(1, g, -1, 1)
+        shift = -mean * scale
+        if self.bias is not None:
+            shift = shift + self.bias.view(1, g, -1, 1)
+        return scale_shift(groups, scale, shift).reshape(x.shape)

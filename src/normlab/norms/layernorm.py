@@ -13,6 +13,8 @@ from normlab.norms.base import (
     channel_view,
     check_eps,
     check_positive_int,
+    mean_var,
+    scale_shift,
 )
 
 
@@ -79,21 +81,19 @@ class LayerNorm(Norm):
 
     def _reference(self, x: torch.Tensor) -> torch.Tensor:
         if self.channel_dim == 1:  # per sample over (C, *spatial), per-channel affine
-            dims = tuple(range(1, x.dim()))
-            mean = x.mean(dims, keepdim=True)
-            var = x.var(dims, correction=0, keepdim=True)
-            y = (x - mean) / torch.sqrt(var + self.eps)
+            mean, var = mean_var(x, tuple(range(1, x.dim())))  # (N, 1, ..., 1)
+            # y = (x - mean) / sqrt(var + eps) * weight + bias as x * scale + shift, (N, C, 1..)
+            scale = torch.rsqrt(var + self.eps)
             if self.weight is not None:
-                y = y * channel_view(self.weight, x.dim())
+                scale = scale * channel_view(self.weight, x.dim())
+            shift = -mean * scale
             if self.bias is not None:
-                y = y + channel_view(self.bias, x.dim())
-            return y
-        dims = tuple(range(-len(self.normalized_shape), 0))  # the trailing feature dims
-        mean = x.mean(dims, keepdim=True)
-        var = x.var(dims, correction=0, keepdim=True)
-        y = (x - mean) / torch.sqrt(var + self.eps)
-        if self.weight is not None:
-            y = y * self.weight
-        if self.bias is not None:
-            y = y + self.bias
-        return y
+                shift = shift + channel_view(self.bias, x.dim())
+            return scale_shift(x, scale, shift)
+        mean, var = mean_var(x, tuple(range(-len(self.normalized_shape), 0)))  # trailing dims
+        rstd = torch.rsqrt(var + self.eps)
+        xhat = scale_shift(x, rstd, -mean * rstd)  # (x - mean) / sqrt(var + eps)
+        if self.weight is None:
+            return xhat if self.bias is None else xhat.add_(self.bias)
+        y = xhat * self.weight
+        return y if self.bias is None else y.add_(self.bias)  # in place: backward keeps xhat

@@ -6,7 +6,15 @@ import math
 
 import torch
 
-from normlab.norms.base import Norm, NormConfigError, channel_view, check_eps, check_positive_int
+from normlab.norms.base import (
+    Norm,
+    NormConfigError,
+    channel_view,
+    check_eps,
+    check_positive_int,
+    mean_var,
+    scale_shift,
+)
 
 
 class RunningStatsNorm(Norm):
@@ -121,11 +129,18 @@ class RunningStatsNorm(Norm):
         raise NotImplementedError
 
     def _normalize(self, x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
-        """y = (x - mean) / sqrt(var + eps) * weight + bias, weight and bias per channel."""
-        y = (x - mean) / torch.sqrt(var + self.eps)
+        """y = (x - mean) / sqrt(var + eps) * weight + bias, weight and bias per channel.
+
+        Written as y = x * scale + shift with scale = weight / sqrt(var + eps) and
+        shift = bias - mean * scale, both computed on the per-channel statistics.
+        """
+        scale = torch.rsqrt(var + self.eps)
         if self.weight is not None:
-            y = y * channel_view(self.weight, x.dim()) + channel_view(self.bias, x.dim())
-        return y
+            scale = scale * channel_view(self.weight, x.dim())
+        shift = -mean * scale
+        if self.bias is not None:
+            shift = shift + channel_view(self.bias, x.dim())
+        return scale_shift(x, scale, shift)
 
     def _normalize_with_batch_stats(
         self, x: torch.Tensor
@@ -133,8 +148,7 @@ class RunningStatsNorm(Norm):
         """Reference path: return (y, mean, unbiased var), statistics over `_reduce_dims`."""
         dims = self._reduce_dims(x)
         n = math.prod(x.shape[d] for d in dims)
-        mean = x.mean(dims, keepdim=True)
-        var = x.var(dims, correction=0, keepdim=True)  # biased: the one that normalises
+        mean, var = mean_var(x, dims)  # biased var: the one that normalises
         return self._normalize(x, mean, var), mean, var * (n / (n - 1))
 
     @torch.no_grad()

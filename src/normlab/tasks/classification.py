@@ -40,17 +40,25 @@ class ClassificationTask(Task):
         x, y = batch
         logits = self(x)
         loss = F.cross_entropy(logits, y)
-        acc, mean_loss = self.accuracy[split], self.mean_loss[split]
-        acc(logits.detach(), y)
-        mean_loss(loss.detach())
-        name = "train" if split == "fit" else split
+        # update only: the epoch values are computed once per epoch, in _log_epoch (a metric's
+        # forward also computes a per-batch value, and self.log of a Metric object moves its
+        # whole state on every call: together most of the per-step overhead of a small model)
+        self.accuracy[split].update(logits.detach(), y)
+        self.mean_loss[split].update(loss.detach())
         if split == "fit":
             self.log("train/loss_step", loss, on_step=True, on_epoch=False, prog_bar=True)
-            self.log("train/loss_epoch", mean_loss, on_step=False, on_epoch=True)
-        else:
-            self.log(f"{name}/loss", mean_loss, on_step=False, on_epoch=True)
-        self.log(f"{name}/acc", acc, on_step=False, on_epoch=True, prog_bar=True)
         return loss
+
+    def _log_epoch(self, split: str) -> None:
+        """Log the epoch's mean loss and accuracy of `split` (synced over processes) and reset."""
+        acc, mean_loss = self.accuracy[split], self.mean_loss[split]
+        if not acc.update_called:  # no batches this epoch
+            return
+        name = "train" if split == "fit" else split
+        self.log("train/loss_epoch" if split == "fit" else f"{name}/loss", mean_loss.compute())
+        self.log(f"{name}/acc", acc.compute(), prog_bar=True)
+        acc.reset()
+        mean_loss.reset()
 
     def training_step(self, batch, batch_idx):
         return self._step(batch, "fit")
@@ -60,3 +68,12 @@ class ClassificationTask(Task):
 
     def test_step(self, batch, batch_idx):
         self._step(batch, "test")
+
+    def on_train_epoch_end(self) -> None:
+        self._log_epoch("fit")
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_epoch("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_epoch("test")
