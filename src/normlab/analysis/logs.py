@@ -1,0 +1,129 @@
+"""Reading run logs: a sweep's summary.csv and each job's Lightning metrics.csv.
+
+Every number a figure shows comes through here, from files a run wrote: nothing is typed in.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from normlab.summary import read_summary
+
+
+def parse_overrides(text: str) -> dict[str, str]:
+    """'norm=batchnorm batch=32' -> {'norm': 'batchnorm', 'batch': '32'} (values kept as text)."""
+    pairs = {}
+    for item in text.split():
+        key, _, value = item.partition("=")
+        pairs[key.lstrip("+~")] = value
+    return pairs
+
+
+def metrics_file(run_dir: Path) -> Path | None:
+    """The CSV logger's metrics.csv somewhere below a run dir (None when the run wrote none)."""
+    direct = run_dir / "csv" / "metrics.csv"
+    if direct.is_file():
+        return direct
+    found = sorted(run_dir.rglob("metrics.csv"))
+    return found[0] if found else None
+
+
+def read_metrics(run_dir: Path) -> pd.DataFrame:
+    """All rows of a run's metrics.csv (empty frame when there is none)."""
+    path = metrics_file(run_dir)
+    if path is None or path.stat().st_size == 0:
+        return pd.DataFrame()
+    return pd.read_csv(path)
+
+
+@dataclass
+class Run:
+    """One job of a sweep: its overrides, status, final metrics and logged time series."""
+
+    overrides: dict[str, str]
+    status: str
+    run_dir: Path
+    final: dict[str, float] = field(default_factory=dict)
+    metrics: pd.DataFrame = field(default_factory=pd.DataFrame)
+    error: str = ""
+    wall_time_s: float = math.nan
+
+    def get(self, key: str, default: str = "") -> str:
+        """The value this job gave an override key (e.g. 'norm'), or default."""
+        return self.overrides.get(key, default)
+
+    def series(self, key: str, x: str = "step") -> pd.DataFrame:
+        """Rows of metrics.csv where `key` was logged, as columns [x, key], sorted by x."""
+        if key not in self.metrics.columns or x not in self.metrics.columns:
+            return pd.DataFrame(columns=[x, key])
+        rows = self.metrics[[x, key]].dropna()
+        return rows.sort_values(x, kind="stable").reset_index(drop=True)
+
+    def last(self, key: str) -> float:
+        """The last logged value of `key` (metrics.csv first, then the summary row); NaN if none."""
+        values = self.series(key)[key] if key in self.metrics.columns else []
+        if len(values):
+            return float(values.iloc[-1])
+        return self.final.get(key, math.nan)
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def same_value(logged: str | None, given: str) -> bool:
+    """Whether an override value Hydra logged is the one given (it writes false as False,
+    3e-3 as 0.003)."""
+    if logged is None:
+        return False
+    if logged == given or logged.lower() == given.lower():
+        return True
+    try:
+        return float(logged) == float(given)
+    except ValueError:
+        return False
+
+
+def _resolve(run_dir: str, sweep_dir: Path) -> Path:
+    path = Path(run_dir)
+    if path.is_absolute() or path.exists():
+        return path
+    return sweep_dir / path  # a relative run dir written by a fixture or a moved sweep
+
+
+def load_sweep(sweep_dir: str | Path, match: dict[str, str] | None = None) -> list[Run]:
+    """Every job in <sweep_dir>/summary.csv whose overrides contain `match`, with its metrics."""
+    sweep_dir = Path(sweep_dir)
+    runs = []
+    for row in read_summary(sweep_dir):
+        overrides = parse_overrides(row.get("overrides", ""))
+        if not all(same_value(overrides.get(k), v) for k, v in (match or {}).items()):
+            continue
+        run_dir = _resolve(row.get("run_dir", ""), sweep_dir)
+        reserved = {"job", "overrides", "status", "error", "wall_time_s", "seed", "run_dir"}
+        final = {k: _float(v) for k, v in row.items() if k not in reserved and v not in ("", None)}
+        runs.append(
+            Run(
+                overrides=overrides,
+                status=row.get("status", ""),
+                run_dir=run_dir,
+                final=final,
+                metrics=read_metrics(run_dir),
+                error=row.get("error", ""),
+                wall_time_s=_float(row.get("wall_time_s", "")),
+            )
+        )
+    return runs
+
+
+def pick(runs: list[Run], **values: str) -> list[Run]:
+    """The runs whose overrides have all the given values (keys with dots passed as '__')."""
+    wanted = {k.replace("__", "."): str(v) for k, v in values.items()}
+    return [r for r in runs if all(r.get(k) == v for k, v in wanted.items())]
