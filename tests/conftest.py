@@ -6,6 +6,12 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Property tests draw new examples locally; CI (HYPOTHESIS_PROFILE=ci) replays a fixed set.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("dev", print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("NORMLAB_DATA", str((REPO.parent / "shared" / "data").resolve()))
