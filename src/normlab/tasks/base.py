@@ -61,6 +61,14 @@ class Task(pl.LightningModule):
     def example_input(self, batch_size: int) -> tuple[torch.Tensor, ...]:
         raise NotImplementedError
 
+    def log_step(self, name: str, value: torch.Tensor) -> None:
+        """self.log of a per-step training value, on the steps the loggers write (every
+        trainer.log_every_n_steps): a value logged on other steps is never written, and each
+        self.log call costs about as much as a small model's optimizer step."""
+        connector = getattr(self._trainer, "_logger_connector", None)
+        if connector is None or connector.should_update_logs:
+            self.log(name, value, on_step=True, on_epoch=False, prog_bar=True)
+
     def param_groups(self) -> list[dict[str, Any]]:
         """Weight decay on matrices only: norms' gains/biases and biases are not decayed."""
         wd = float(self.optim_cfg.get("weight_decay", 0.0) or 0.0)

@@ -48,7 +48,7 @@ class ClassificationTask(Task):
         self.accuracy[split].update(logits.detach(), y)
         self.mean_loss[split].update(loss.detach())
         if split == "fit":
-            self.log("train/loss_step", loss, on_step=True, on_epoch=False, prog_bar=True)
+            self.log_step("train/loss_step", loss)
         return loss
 
     def _log_epoch(self, split: str) -> None:

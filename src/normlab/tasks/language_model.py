@@ -29,7 +29,7 @@ class LanguageModelTask(Task):
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int):
         loss = self._loss(batch)
-        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+        self.log_step("train/loss", loss)
         return loss
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
