@@ -10,6 +10,13 @@ train: one epoch of LeNet+BN on Fashion-MNIST through normlab.run.train (the com
 Every figure is a ratio to a baseline measured in the same run, the two run in turn and the
 ratio taken per round, then the median over rounds (see _timing.py). Prints markdown tables and
 writes outputs/bench/<part>.csv.
+
+--keep-heap: glibc returns freed memory above a threshold to the OS (large blocks are mmapped,
+the heap top is trimmed), so a path that allocates many full-size temporaries pays page faults
+on every call, and how many depends on the allocation pattern of the whole process. The flag
+keeps freed memory in the process (normlab.compute.keep_heap, as `keep_heap=true` in a run),
+which takes those page faults out of every layer's time alike; without it the numbers are what
+a default process sees.
 """
 
 from __future__ import annotations
@@ -293,6 +300,21 @@ TRAIN_CASES = {
         ],
         50,
     ),
+    # the same without model=transformer's diagnostics, which do work the hand loop does not
+    # (update_norm: a forward pass on 8 fixed sequences in each of the first 100 steps)
+    "transformer_50_steps_no_diagnostics": (
+        [
+            "model=transformer",
+            "batch=64",
+            "trainer.max_epochs=1",
+            "trainer.limit_train_batches=50",
+            "test=false",
+            "callbacks.update_norm=null",
+            "callbacks.grad_norms=null",
+            "callbacks.text_sample=null",
+        ],
+        50,
+    ),
 }
 
 
@@ -358,19 +380,28 @@ def write_csv(rows: list[dict], path: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("part", nargs="?", default="all", choices=["norms", "train", "all"])
-    parser.add_argument("--rounds", type=int, default=None, help="repeats (norms 15, train 3)")
+    parser.add_argument("--rounds", type=int, default=None, help="repeats (norms 15, train 5)")
     parser.add_argument("--train-cases", nargs="*", default=None, choices=list(TRAIN_CASES))
     parser.add_argument(
         "--threads", type=int, default=None, help="torch threads (default: torch's)"
     )
+    parser.add_argument(
+        "--keep-heap", action="store_true", help="glibc: no mmap/trim of freed memory (see top)"
+    )
     args = parser.parse_args(argv)
+    heap = "default"
+    if args.keep_heap:
+        from normlab.compute import keep_heap
+
+        heap = "kept (mallopt)" if keep_heap() else "default (not glibc: --keep-heap ignored)"
     if args.threads:
         torch.set_num_threads(args.threads)
     os.environ.setdefault("NORMLAB_DATA", str(REPO.parent / "shared" / "data"))
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-        f"load average {load:.1f}, THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE')}"
+        f"load average {load:.1f}, THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE')}, "
+        f"heap: {heap}"
     )
     if args.part in ("norms", "all"):
         rows = bench_norms(args.rounds or 15)
@@ -380,7 +411,7 @@ def main(argv: list[str] | None = None) -> None:
         print("\n## Norms: forward + backward, ratio to the first torch layer of each group\n")
         print(markdown(rows, cols))
     if args.part in ("train", "all"):
-        rows = bench_train(args.rounds or 3, args.train_cases)
+        rows = bench_train(args.rounds or 5, args.train_cases)
         write_csv(rows, OUT / "train.csv")
         cols = ["case", "measure", "steps", "hand_s", "normlab_s", "ratio", "target", "ok",
                 "mean_loss_hand", "mean_loss_normlab"]  # fmt: skip

@@ -1,7 +1,8 @@
-"""Compute options of a run: compile, bf16-mixed precision, channels_last, num_threads."""
+"""Compute options of a run: compile, bf16 precision, channels_last, num_threads, keep_heap."""
 
 from __future__ import annotations
 
+import ctypes
 import math
 
 import lightning.pytorch as pl
@@ -70,3 +71,29 @@ def test_bf16_mixed_precision(run):
 def test_compile(run):
     seen = run("compile=true", "norm=rmsnorm")
     assert seen["net_type"] == "OptimizedModule"
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [  # glibc <malloc.h>: struct mallinfo2
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+                     "uordblks", "fordblks", "keepcost")
+    ]  # fmt: skip
+
+
+def _free_heap_bytes_after_a_64mib_tensor() -> int:
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = _MallInfo2
+    t = torch.ones(64 * 2**20 // 4)  # 64 MiB: above glibc's largest default mmap threshold
+    del t
+    return libc.mallinfo2().fordblks
+
+
+def test_keep_heap_keeps_freed_memory_in_the_process(run):
+    try:
+        ctypes.CDLL("libc.so.6").mallinfo2  # noqa: B018
+    except (OSError, AttributeError):
+        pytest.skip("needs glibc >= 2.33")
+    run("keep_heap=true")
+    # the run set it for the process: a freed 64 MiB block now stays in the heap, not unmapped
+    assert _free_heap_bytes_after_a_64mib_tensor() >= 64 * 2**20

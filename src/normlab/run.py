@@ -18,6 +18,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from normlab import config, loggers, summary
+from normlab.compute import keep_heap
 from normlab.errors import ConfigError, UserError
 from normlab.preflight import preflight
 
@@ -94,6 +95,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     pl.seed_everything(seed, workers=True, verbose=False)
     if cfg.get("num_threads"):
         torch.set_num_threads(int(cfg.num_threads))
+    if cfg.get("keep_heap"):
+        keep_heap()
 
     datamodule: pl.LightningDataModule = instantiate(cfg.data)
     datamodule.prepare_data()  # missing or corrupted files fail here, before anything runs

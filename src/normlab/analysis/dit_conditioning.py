@@ -80,4 +80,12 @@ def analyze(runs: list[Run]) -> Result:
     notes = []
     if not any(math.isfinite(final(_one(runs, c), FID)) for c in CONDITIONINGS):
         notes.append("no finished run logged val/fid_lenet")
+    loss = {c: final(_one(runs, c), "val/loss") for c in CONDITIONINGS}
+    if decided(*loss.values()):  # the denoising loss, beside the FID the claims are about
+        order = sorted(loss, key=lambda c: loss[c])
+        notes.append(
+            "final val/loss (EMA weights, not a paper claim: the paper reports FID): "
+            + " < ".join(f"{CONDITIONINGS[c]} {show(loss[c], 4)}" for c in order)
+            + (" (the paper's FID order)" if order == sorted(PAPER_FID, key=PAPER_FID.get) else "")
+        )
     return Result(fig, tidy(rows), _claims(runs), notes)

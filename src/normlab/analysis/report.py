@@ -120,8 +120,12 @@ def write(
         f"Command: `{command}`  ",
         f"Budget: {budget}  ",
     ]
-    if wall_time_s is not None:
+    if wall_time_s is not None:  # short when the jobs were reused from an earlier invocation
         text.append(f"Wall time of this invocation: {wall_time_s:.0f} s  ")
+    job_times = [r.wall_time_s for r in runs if r.wall_time_s is not None]
+    if job_times:
+        total, longest = sum(job_times), max(job_times)
+        text.append(f"Jobs' own wall time: {total:.0f} s in all, {longest:.0f} s the longest  ")
     text += ["", "## Claims", "", claims_markdown(result.claims)]
     if result.notes:
         text += ["## Notes", ""] + [f"- {n}" for n in result.notes] + [""]

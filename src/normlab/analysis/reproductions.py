@@ -128,7 +128,7 @@ REPRODUCTIONS: dict[str, Reproduction] = {
             full=Budget(
                 ("batch=64",),
                 "4 jobs (adaln_zero, adaln, cross_attn, in_context), 900 steps of 64 images, "
-                "val/fid_lenet of 1000 samples every 300 steps",
+                "val/fid_lenet of 1000 samples after 450 and 900 steps",
             ),
             quick=Budget(
                 (
