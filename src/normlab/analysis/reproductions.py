@@ -80,9 +80,11 @@ REPRODUCTIONS: dict[str, Reproduction] = {
             title="Post-LN needs warmup, Pre-LN does not (Xiong et al. 2020)",
             experiment="ln_placement",
             full=Budget(
-                (*NO_TEST, "batch=32", "optim.optimizer.lr=3e-3"),
+                # at lr 3e-3 Post-LN trained neither with nor without warmup (val loss stuck at
+                # the unigram level): at 1e-3 warmup is what decides it, the paper's regime
+                (*NO_TEST, "batch=32", "optim.optimizer.lr=1e-3"),
                 "6 jobs (post, pre, deepnorm x warmup 0 / 100 steps), 600 steps of 32 windows of "
-                "64 characters, depth 6, d_model 64, AdamW lr 3e-3 (3x the LM default: 'high')",
+                "64 characters, depth 6, d_model 64, AdamW lr 1e-3",
             ),
             quick=Budget(
                 ("placement=post,pre", *QUICK_LM, "callbacks.grad_norms.every_n_steps=5"),
