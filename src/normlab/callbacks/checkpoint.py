@@ -34,7 +34,7 @@ class LastCheckpoint(Checkpoint):
             logger.save()
         path = self.dirpath / "last.ckpt"
         tmp = self.dirpath / ".last.ckpt.tmp"
-        trainer.save_checkpoint(tmp)
+        trainer.save_checkpoint(tmp, weights_only=False)  # full state, said explicitly
         if trainer.is_global_zero:
             os.replace(tmp, path)
         trainer.strategy.barrier("last_checkpoint")
