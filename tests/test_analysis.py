@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -11,7 +12,15 @@ import pytest
 
 from normlab.analysis import bn_lenet, gn_batch_size, report
 from normlab.analysis.logs import load_sweep, parse_overrides, pick, same_value
-from normlab.analysis.sweep import Budget, Reproduction, command, sweep_dir, task_overrides
+from normlab.analysis.sweep import (
+    Budget,
+    Reproduction,
+    command,
+    grid,
+    in_grid,
+    sweep_dir,
+    task_overrides,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -116,3 +125,19 @@ def test_command_and_sweep_dirs(tmp_path: Path):
         "experiment": "gn_batch_size",
         "trainer.max_epochs": "1",
     }
+
+
+def test_only_jobs_of_the_current_grid_are_read_back(tmp_path: Path, gn_sweep: Path):
+    # the experiment's grid (norm x batch), narrowed by the budget's own sweep over batch
+    repro = _repro(Budget(("batch=32,2",), "quick"))
+    values = grid(repro, True)
+    assert values["batch"] == ["32", "2"] and "groupnorm" in values["norm"]
+    assert grid(repro, False)["batch"] == ["32", "16", "8", "4", "2"]
+    runs = load_sweep(gn_sweep)
+    assert runs and all(in_grid(r, values) for r in runs)
+    # rows an earlier grid of the same sweep dir left behind: another value, or a key missing
+    stale = [
+        replace(runs[0], overrides={**runs[0].overrides, "batch": "7"}),
+        replace(runs[0], overrides={"norm": "batchnorm", "experiment": "gn_batch_size"}),
+    ]
+    assert not any(in_grid(r, values) for r in stale)

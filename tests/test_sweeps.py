@@ -14,6 +14,7 @@ import pytest
 from conftest import REPO, TINY
 from test_train import metrics_rows, run_cli
 
+from normlab.config import _slug
 from normlab.run import train
 
 
@@ -86,3 +87,14 @@ def test_same_seed_same_metrics_and_a_null_seed_is_picked_and_logged(compose, tm
     assert isinstance(c["seed"], int)
     hparams = (tmp_path / "c" / "csv" / "hparams.yaml").read_text()
     assert f"seed: {c['seed']}" in hparams
+
+
+def test_job_dirs_of_overrides_that_differ_past_the_cut_are_distinct():
+    # a sweep's job dir is <num>_<overrides>, cut at 80 characters: a grid grown by one key
+    # must not put a new job into the dir of an earlier job with the same number and prefix
+    prefix = "batch=32,experiment=ln_placement,optim.optimizer.lr=0.001,optim.warmup_steps=0,"
+    a, b = _slug(prefix + "placement=post"), _slug(prefix + "placement=post,seed=43")
+    assert a != b and len(a) == len(b) == 80
+    assert a == _slug(prefix + "placement=post")  # the same job finds its dir again
+    assert _slug("norm=batchnorm,batch=2") == "norm=batchnorm,batch=2"  # short: unchanged
+    assert _slug("a b") != _slug("a_b")  # changed characters: hashed too

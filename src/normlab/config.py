@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import secrets
@@ -18,8 +19,14 @@ def _uid() -> str:
 
 
 def _slug(text: str, limit: int = 80) -> str:
-    slug = re.sub(r"[^A-Za-z0-9=.,_+-]+", "_", str(text)).strip("_")
-    return slug[:limit] or "default"
+    """A file name for a job's overrides. When it had to be cut or changed, a hash of the whole
+    text follows, so two jobs whose overrides differ only past the cut never share a dir."""
+    text = str(text)
+    slug = re.sub(r"[^A-Za-z0-9=.,_+-]+", "_", text).strip("_")
+    if slug == text and len(slug) <= limit:
+        return slug or "default"
+    digest = hashlib.sha1(text.encode()).hexdigest()[:8]
+    return f"{slug[: limit - 9]}-{digest}"
 
 
 def register_resolvers() -> None:

@@ -83,12 +83,17 @@ REPRODUCTIONS: dict[str, Reproduction] = {
                 # at lr 3e-3 Post-LN trained neither with nor without warmup (val loss stuck at
                 # the unigram level): at 1e-3 warmup is what decides it, the paper's regime
                 (*NO_TEST, "batch=32", "optim.optimizer.lr=1e-3"),
-                "6 jobs (post, pre, deepnorm x warmup 0 / 100 steps), 600 steps of 32 windows of "
-                "64 characters, depth 6, d_model 64, AdamW lr 1e-3",
+                "18 jobs (post, pre, deepnorm x warmup 0 / 100 steps x seeds 42, 43, 44), 600 "
+                "steps of 32 windows of 64 characters, depth 6, d_model 64, AdamW lr 1e-3",
             ),
             quick=Budget(
-                ("placement=post,pre", *QUICK_LM, "callbacks.grad_norms.every_n_steps=5"),
-                "4 jobs (post, pre x warmup 0 / 100), 20 steps of 16 windows",
+                (
+                    "placement=post,pre",
+                    "seed=42",
+                    *QUICK_LM,
+                    "callbacks.grad_norms.every_n_steps=5",
+                ),
+                "4 jobs (post, pre x warmup 0 / 100, one seed), 20 steps of 16 windows",
             ),
             analyze=ln_placement.analyze,
             requires=("model/transformer.yaml",),

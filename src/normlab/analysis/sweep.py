@@ -15,7 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from normlab.analysis.logs import Run, load_sweep, parse_overrides
+from omegaconf import OmegaConf
+
+from normlab.analysis.logs import Run, load_sweep, parse_overrides, same_value
 from normlab.analysis.report import Result
 
 REPO = Path(__file__).resolve().parents[3]
@@ -115,9 +117,37 @@ def run(repro: Reproduction, quick: bool, root: Path, jobs: int, log=print) -> f
     return time.time() - start
 
 
+def grid(repro: Reproduction, quick: bool, repo: Path = REPO) -> dict[str, list[str]]:
+    """The swept keys of this sweep and their values: the experiment's hydra.sweeper.params,
+    where the budget's overrides of the same keys (or its own sweeps) replace them."""
+    conf = OmegaConf.load(repo / "conf" / "experiment" / f"{repro.experiment}.yaml")
+    params = OmegaConf.select(conf, "hydra.sweeper.params", default=None) or {}
+    values = {str(k): _values(str(v)) for k, v in params.items()}
+    for key, value in parse_overrides(" ".join(repro.budget(quick).overrides)).items():
+        if key in values or _is_sweep(value):
+            values[key] = _values(value)
+    return values
+
+
+def _values(text: str) -> list[str]:
+    return text.split(",") if _is_sweep(text) else [text]
+
+
+def in_grid(run: Run, values: dict[str, list[str]]) -> bool:
+    """Whether a job belongs to the sweep as it is now: a value of the grid for every swept key
+    (a row left in summary.csv by an earlier grid of the same sweep dir does not)."""
+    return all(
+        any(same_value(run.overrides.get(key), v) for v in allowed)
+        for key, allowed in values.items()
+    )
+
+
 def runs(repro: Reproduction, quick: bool, root: Path) -> list[Run]:
-    """The jobs of this NAME and budget, read back from the sweep's logs."""
-    return load_sweep(sweep_dir(root, repro.name, quick), task_overrides(repro, quick))
+    """The jobs of this NAME and budget, read back from the sweep's logs (only the current
+    grid's: after a change of the experiment's grid, older rows stay in summary.csv)."""
+    found = load_sweep(sweep_dir(root, repro.name, quick), task_overrides(repro, quick))
+    values = grid(repro, quick)
+    return [r for r in found if in_grid(r, values)]
 
 
 def ensure_fid_lenet(repo: Path) -> None:
