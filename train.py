@@ -3,12 +3,14 @@
 import hydra
 from omegaconf import DictConfig
 
-import normlab.config  # noqa: F401  (registers the resolvers conf/ uses)
-from normlab.run import main
+import normlab.config  # registers the resolvers conf/ uses (omegaconf only: loads in ms)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def entry(cfg: DictConfig) -> float | None:
+    normlab.config.check_or_exit(cfg)  # a bad value fails before torch and Lightning load
+    from normlab.run import main
+
     return main(cfg)
 
 

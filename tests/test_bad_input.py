@@ -94,3 +94,17 @@ def test_a_failed_download_leaves_nothing_half_written(tmp_path, monkeypatch):
     with pytest.raises(DataError, match="connection reset"):
         module.prepare_data()
     assert list(tmp_path.rglob("*ubyte*")) == []
+
+
+def test_a_bad_value_fails_before_torch_is_imported(tmp_path):
+    # plain config checks run before torch and Lightning load (seconds of imports)
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "train.py", "batch=0",
+         f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "error: batch must be a positive integer, got 0" in proc.stderr
+    imported = [line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()
+                if line.startswith("import time:")]  # fmt: skip
+    assert "hydra" in imported and "torch" not in imported and "lightning" not in imported
