@@ -164,7 +164,13 @@ GRADCHECK_NORMS = [
     ("batchnorm", {"affine": False}, (5, 3)),
     ("instancenorm", {"affine": True}, (2, 3, 4)),
     ("groupnorm", {"num_groups": 2}, (2, 4, 3)),
+    ("groupnorm", {"num_groups": 2, "affine": False}, (2, 4, 2, 2)),
+    ("groupnorm", {"num_groups": 3}, (4, 6)),
     ("layernorm", {"normalized_shape": (2, 3)}, (3, 2, 3)),
+    ("layernorm", {"bias": False}, (2, 3, 4)),
+    ("layernorm", {"elementwise_affine": False}, (3, 5)),
+    ("layernorm", {"channel_dim": 1}, (2, 3, 2, 2)),
+    ("layernorm", {"channel_dim": 1, "elementwise_affine": False}, (2, 3, 4)),
     ("rmsnorm", {"eps": 1e-5}, (3, 5)),
     ("prmsnorm", {"p": 0.5, "eps": 1e-5}, (3, 5)),
 ]
@@ -174,9 +180,10 @@ GRADCHECK_NORMS = [
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
 def test_reference_gradcheck(name, kwargs, shape, training):
     torch.manual_seed(0)
+    channels_first = name in ("batchnorm", "instancenorm", "groupnorm") or "channel_dim" in kwargs
     norm = create_norm(
         name,
-        shape[1] if name in ("batchnorm", "instancenorm", "groupnorm") else shape[-1],
+        shape[1] if channels_first else shape[-1],
         impl="reference",
         **kwargs,
     ).double()

@@ -5,14 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from normlab.norms.base import (
-    Norm,
-    NormConfigError,
-    check_eps,
-    check_positive_int,
-    mean_var,
-    scale_shift,
-)
+from normlab.norms.base import Norm, NormConfigError, check_eps, check_positive_int
+from normlab.norms.standardize import GroupStandardize
 
 
 class GroupNorm(Norm):
@@ -53,14 +47,8 @@ class GroupNorm(Norm):
         return F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
 
     def _reference(self, x: torch.Tensor) -> torch.Tensor:
+        # y = (x - mean) / sqrt(var + eps) * weight + bias with mean and var over each group's
+        # channels and positions; the gradient written out (normlab.norms.standardize)
         n, g = x.shape[0], self.num_groups
         groups = x.reshape(n, g, self.num_features // g, -1)  # (N, G, C/G, spatial)
-        mean, var = mean_var(groups, (2, 3))  # over the group's channels and positions
-        # y = (x - mean) / sqrt(var + eps) * weight + bias as x * scale + shift, (N, G, C/G, 1)
-        scale = torch.rsqrt(var + self.eps)
-        if self.weight is not None:
-            scale = scale * self.weight.view(1, g, -1, 1)
-        shift = -mean * scale
-        if self.bias is not None:
-            shift = shift + self.bias.view(1, g, -1, 1)
-        return scale_shift(groups, scale, shift).reshape(x.shape)
+        return GroupStandardize.apply(groups, self.weight, self.bias, self.eps).view(x.shape)

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 
-from normlab.norms.base import (
-    Norm,
-    NormConfigError,
-    channel_view,
-    check_eps,
-    check_positive_int,
-    mean_var,
-    scale_shift,
-)
+from normlab.norms.base import Norm, NormConfigError, check_eps, check_positive_int
+from normlab.norms.standardize import GroupStandardize, RowStandardize
 
 
 def trailing_shape(family: str, num_features: int, normalized_shape: object) -> tuple[int, ...]:
@@ -80,20 +74,12 @@ class LayerNorm(Norm):
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
     def _reference(self, x: torch.Tensor) -> torch.Tensor:
+        # y = (x - mean) / sqrt(var + eps) * weight + bias, the gradient written out (standardize)
         if self.channel_dim == 1:  # per sample over (C, *spatial), per-channel affine
-            mean, var = mean_var(x, tuple(range(1, x.dim())))  # (N, 1, ..., 1)
-            # y = (x - mean) / sqrt(var + eps) * weight + bias as x * scale + shift, (N, C, 1..)
-            scale = torch.rsqrt(var + self.eps)
-            if self.weight is not None:
-                scale = scale * channel_view(self.weight, x.dim())
-            shift = -mean * scale
-            if self.bias is not None:
-                shift = shift + channel_view(self.bias, x.dim())
-            return scale_shift(x, scale, shift)
-        mean, var = mean_var(x, tuple(range(-len(self.normalized_shape), 0)))  # trailing dims
-        rstd = torch.rsqrt(var + self.eps)
-        xhat = scale_shift(x, rstd, -mean * rstd)  # (x - mean) / sqrt(var + eps)
-        if self.weight is None:
-            return xhat if self.bias is None else xhat.add_(self.bias)
-        y = xhat * self.weight
-        return y if self.bias is None else y.add_(self.bias)  # in place: backward keeps xhat
+            groups = x.reshape(x.shape[0], 1, x.shape[1], -1)  # (N, 1, C, spatial)
+            y = GroupStandardize.apply(groups, self.weight, self.bias, self.eps)
+            return y.view(x.shape)
+        d = math.prod(self.normalized_shape)  # per row of the trailing dims, affine per column
+        weight = None if self.weight is None else self.weight.reshape(d)
+        bias = None if self.bias is None else self.bias.reshape(d)
+        return RowStandardize.apply(x.reshape(-1, d), weight, bias, self.eps).view(x.shape)
