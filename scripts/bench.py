@@ -282,6 +282,8 @@ def run_hand(overrides: list[str], max_steps: int | None) -> dict[str, float]:
     }
 
 
+# cases where normlab does more than the hand loop: their ratio is reported, not held to a target
+EXTRA_WORK = {"transformer_50_steps": "+ diagnostics the hand loop does not compute"}
 MEASURES = {
     "step_s": "median step",  # steady state: robust to bursts of load from other processes
     "steps_s": "all training steps",
@@ -301,7 +303,8 @@ TRAIN_CASES = {
         50,
     ),
     # the same without model=transformer's diagnostics, which do work the hand loop does not
-    # (update_norm: a forward pass on 8 fixed sequences in each of the first 100 steps)
+    # (update_norm: a forward pass on 8 fixed sequences in each of the first 100 steps): the
+    # case with the same work on both sides, which the target is for
     "transformer_50_steps_no_diagnostics": (
         [
             "model=transformer",
@@ -341,6 +344,7 @@ def bench_train(rounds: int, names: list[str] | None = None) -> list[dict]:
         for key in ("step_s", "steps_s", "total_s"):
             times = {side: [r[key] for r in rs] for side, rs in runs.items()}
             r = ratio(times, "normlab", "hand")
+            targeted = key == "step_s" and name not in EXTRA_WORK
             rows.append({
                 "case": name,
                 "measure": MEASURES[key],
@@ -348,10 +352,11 @@ def bench_train(rounds: int, names: list[str] | None = None) -> list[dict]:
                 "hand_s": round(median_ms(times["hand"]) / 1e3, 4),
                 "normlab_s": round(median_ms(times["normlab"]) / 1e3, 4),
                 "ratio": round(r, 3),
-                "target": f"<= {TRAIN_TARGET}" if key == "step_s" else "",
-                "ok": ("yes" if r <= TRAIN_TARGET else "NO") if key == "step_s" else "",
+                "target": f"<= {TRAIN_TARGET}" if targeted else "",
+                "ok": ("yes" if r <= TRAIN_TARGET else "NO") if targeted else "",
                 "mean_loss_hand": round(runs["hand"][0]["loss"], 4),
                 "mean_loss_normlab": round(runs["normlab"][0]["loss"], 4),
+                "note": EXTRA_WORK.get(name, ""),
             })  # fmt: skip
             print(f"  {name} {key}: {rows[-1]['ratio']}x", flush=True)
     return rows
@@ -414,7 +419,7 @@ def main(argv: list[str] | None = None) -> None:
         rows = bench_train(args.rounds or 5, args.train_cases)
         write_csv(rows, OUT / "train.csv")
         cols = ["case", "measure", "steps", "hand_s", "normlab_s", "ratio", "target", "ok",
-                "mean_loss_hand", "mean_loss_normlab"]  # fmt: skip
+                "mean_loss_hand", "mean_loss_normlab", "note"]  # fmt: skip
         print("\n## Training: normlab.run.train vs a hand-written loop\n")
         print(markdown(rows, cols))
     print(f"\nCSV in {OUT}")

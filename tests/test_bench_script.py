@@ -1,0 +1,66 @@
+"""scripts/bench.py end to end at tiny shapes and budgets: tables, CSVs, targets and verdicts."""
+
+from __future__ import annotations
+
+import csv
+import sys
+
+import pytest
+from conftest import REPO, TINY
+
+sys.path.insert(0, str(REPO / "scripts"))
+import bench  # noqa: E402
+
+
+@pytest.fixture
+def tiny_bench(monkeypatch, tmp_path):
+    monkeypatch.setattr(bench, "CNN", (4, 8, 3, 3))
+    monkeypatch.setattr(bench, "SEQ", (2, 3, 64))  # GroupNorm: 32 groups
+    monkeypatch.setattr(bench, "OUT", tmp_path)
+    same = [*TINY, "test=false", "batch=16"]
+    monkeypatch.setattr(bench, "TRAIN_CASES", {"lenet": (same, 2), "lenet_extra": (same, 2)})
+    monkeypatch.setattr(bench, "EXTRA_WORK", {"lenet_extra": "+ work the hand loop does not do"})
+    return tmp_path
+
+
+def read(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_norms_part_rates_every_impl_against_its_baseline(tiny_bench, capsys):
+    bench.main(["norms", "--rounds", "1", "--threads", "1"])
+    rows = read(tiny_bench / "norms.csv")
+    cases = {(r["shape"], r["norm"]) for r in rows}
+    assert len(cases) == len(bench.norm_cases()) == 12
+    for shape, norm in cases:
+        layers = {r["layer"]: r for r in rows if (r["shape"], r["norm"]) == (shape, norm)}
+        baseline = next(r for r in layers.values() if float(r["time_ratio"]) == 1.0)
+        assert all(r["baseline"] == baseline["layer"] for r in layers.values())
+        for impl, target in (("fast", "<= 1.05"), ("reference", "<= 3.0")):
+            row = layers[f"normlab {impl}"]
+            assert row["target"] == target
+            assert row["ok"] == ("yes" if float(row["time_ratio"]) <= float(target[3:]) else "NO")
+            assert float(row["ms"]) > 0 and float(row["mem_ratio"]) > 0
+    rms = next(r for r in rows if r["norm"] == "rmsnorm" and r["layer"] == "normlab fast"
+               and r["shape"] == "2x3x64")  # fmt: skip
+    assert float(rms["vs_layernorm"]) > 0
+    assert "| normlab reference |" in capsys.readouterr().out
+
+
+def test_train_part_holds_only_equal_work_to_the_target(tiny_bench, capsys):
+    bench.main(["train", "--rounds", "1", "--threads", "1"])
+    rows = read(tiny_bench / "train.csv")
+    assert {(r["case"], r["measure"]) for r in rows} == {
+        (c, m) for c in ("lenet", "lenet_extra") for m in bench.MEASURES.values()
+    }
+    for r in rows:
+        assert float(r["hand_s"]) > 0 and float(r["normlab_s"]) > 0
+        assert r["mean_loss_hand"] == r["mean_loss_normlab"]  # same model, batches, optimizer
+        held = r["case"] == "lenet" and r["measure"] == "median step"
+        assert (r["target"] == "<= 1.05") == held
+        assert r["ok"] == ("" if not held else "yes" if float(r["ratio"]) <= 1.05 else "NO")
+    assert {r["note"] for r in rows if r["case"] == "lenet_extra"} == {
+        "+ work the hand loop does not do"
+    }
+    assert "## Training" in capsys.readouterr().out
