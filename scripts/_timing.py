@@ -9,6 +9,7 @@ of (candidate time / baseline time) in the same round.
 from __future__ import annotations
 
 import math
+import random
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -32,20 +33,28 @@ def interleaved(
     device: torch.device | str = "cpu",
     setup: Callable[[], Any] | None = None,
     min_sample_s: float = 0.0,
+    min_total_s: float = 0.0,
 ) -> dict[str, list[float]]:
     """Seconds per call of each fn, one sample per fn per round, after `warmup` rounds.
 
-    The fns are called in turn and the order is rotated every round, so no fn always follows
-    the same one. A sample repeats its call `number` times, chosen in the warmup so that the
-    slowest fn takes about `min_sample_s` per sample (short calls are otherwise all noise);
-    `setup` (untimed) runs before every sample, e.g. to drop the gradients of the last one.
+    The fns are called in turn, in a new random order every round, so each fn follows each
+    other fn equally often (a call after one that allocates much runs slower). A sample repeats
+    its call `number` times, chosen in the warmup so that the slowest fn takes about
+    `min_sample_s` per sample (calls of microseconds are otherwise all timer noise); `setup`
+    (untimed) runs before every sample, e.g. to drop the gradients of the last one. At least
+    `rounds` rounds, more if needed for the slowest fn to run `min_total_s` in all: many short
+    samples side by side beat a few long ones, whose ratios drift with the state the process is
+    in (where the heap hands out fresh pages) by several percent.
     """
     names = list(fns)
     times: dict[str, list[float]] = {name: [] for name in names}
     number = 1
-    for r in range(warmup + rounds):
-        shift = r % len(names)
-        for name in names[shift:] + names[:shift]:
+    slowest = 0.0
+    total = warmup + rounds
+    r = 0
+    order = random.Random(0)
+    while r < total:
+        for name in order.sample(names, len(names)):
             if setup is not None:
                 setup()
             sync(device)
@@ -56,8 +65,13 @@ def interleaved(
             elapsed = (time.perf_counter() - start) / number
             if r >= warmup:
                 times[name].append(elapsed)
-            elif min_sample_s > 0:
-                number = max(number, math.ceil(min_sample_s / max(elapsed, 1e-9)))
+            else:
+                slowest = max(slowest, elapsed) if r == warmup - 1 else slowest
+                if min_sample_s > 0:
+                    number = max(number, math.ceil(min_sample_s / max(elapsed, 1e-9)))
+        if r == warmup - 1 and min_total_s > 0:  # the last warmup round: calls at full speed
+            total = warmup + max(rounds, math.ceil(min_total_s / max(slowest * number, 1e-9)))
+        r += 1
     return times
 
 
@@ -121,3 +135,41 @@ class StepTimer(pl.Callback):
     @property
     def steps(self) -> list[float]:
         return [b - a for a, b in zip(self.stamps, self.stamps[1:], strict=False)]
+
+
+class PairedSteps(pl.Callback):
+    """Step times of a run and of a hand-written twin, interleaved step by step.
+
+    After each training step of the run, one step of the twin (a callable made by
+    `PairedSteps.make_twin` when training starts, with the global RNG state restored after) runs
+    and is timed apart; the run's step is the time from the end of the twin's last step to the
+    end of its own, so everything the run does between steps is counted on its side. Load from
+    other processes that lasts longer than a step hits both sides of a pair alike.
+    """
+
+    make_twin: Callable[[], Callable[[], Any]] | None = None
+    last: PairedSteps | None = None
+
+    def __init__(self) -> None:
+        self.normlab: list[float] = []
+        self.hand: list[float] = []
+        self.mark: float | None = None
+        self.twin: Callable[[], Any] | None = None
+        PairedSteps.last = self
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if PairedSteps.make_twin is None:
+            raise RuntimeError("PairedSteps.make_twin is not set")
+        with torch.random.fork_rng():
+            self.twin = PairedSteps.make_twin()
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.mark is None:
+            self.mark = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        end = time.perf_counter()
+        self.normlab.append(end - self.mark)
+        self.twin()
+        self.mark = time.perf_counter()
+        self.hand.append(self.mark - end)

@@ -7,9 +7,12 @@ train: one epoch of LeNet+BN on Fashion-MNIST through normlab.run.train (the com
        `python train.py`, in this process) against a hand-written loop over the same tensors with
        the same model, batch order and optimizer; the same for N steps of the Transformer LM.
 
-Every figure is a ratio to a baseline measured in the same run, the two run in turn and the
-ratio taken per round, then the median over rounds (see _timing.py). Prints markdown tables and
-writes outputs/bench/<part>.csv.
+Every figure is a ratio to a baseline measured in the same run. Norms: the layers are called in
+turn, in a random order each round, the ratio taken per round, then the median over rounds
+(_timing.interleaved). Training: the median step is measured paired, the hand-written loop
+stepping a twin model after each of normlab's steps in the same run (_timing.PairedSteps), the
+ratio taken per pair, then the median; whole runs of each side, in turn, give the other rows.
+Prints markdown tables and writes outputs/bench/<part>.csv.
 
 --keep-heap: glibc returns freed memory above a threshold to the OS (large blocks are mmapped,
 the heap top is trimmed), so a path that allocates many full-size temporaries pays page faults
@@ -37,13 +40,21 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import StepTimer, activation_bytes, interleaved, median_ms, ratio  # noqa: E402
+from _timing import (  # noqa: E402
+    PairedSteps,
+    StepTimer,
+    activation_bytes,
+    interleaved,
+    median_ms,
+    ratio,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "outputs" / "bench"
 CNN = (256, 16, 14, 14)
 SEQ = (64, 256, 512)
 FAST_TARGET, REFERENCE_TARGET, TRAIN_TARGET = 1.05, 3.0, 1.05
+MIN_TOTAL_S = 3.0  # seconds of calls of each case's slowest layer (more rounds for short calls)
 
 # ------------------------------------------------------------------------------------------------
 # Norm layers
@@ -148,7 +159,8 @@ def _norm_rows(case: NormCase, device: str, dtype: torch.dtype, rounds: int) -> 
         rounds,
         warmup=2,
         device=device,
-        min_sample_s=0.02,
+        min_sample_s=5e-4,  # one call per sample unless calls take microseconds
+        min_total_s=MIN_TOTAL_S,
     )
     memory = {k: activation_bytes(m, x) for k, m in layers.items()}
     base = next(iter(case.baselines))
@@ -229,49 +241,65 @@ def run_normlab(overrides: list[str]) -> dict[str, float]:
     }
 
 
+class HandLoop:
+    """The same model, batches and optimizer as a normlab run, trained by a plain PyTorch loop."""
+
+    def __init__(self, overrides: list[str], max_steps: int | None) -> None:
+        import lightning.pytorch as pl
+        from hydra.utils import instantiate
+
+        from normlab.tasks.base import lr_lambda
+
+        with tempfile.TemporaryDirectory() as tmp:
+            cfg = compose(overrides, Path(tmp))
+        pl.seed_everything(cfg.seed, verbose=False)  # as normlab.run.train: same init, same order
+        if cfg.get("num_threads"):
+            torch.set_num_threads(int(cfg.num_threads))
+        datamodule = instantiate(cfg.data)
+        task = instantiate(cfg.model)  # only for its net and its optimizer's parameter groups
+        if getattr(datamodule, "ctx", 0) is None:  # windows as long as the model's context (zoo)
+            datamodule.ctx = task.net.ctx
+        datamodule.setup("fit")
+        self.net = task.net.train()
+        optim_cfg = task.optim_cfg
+        self.optimizer = optim_cfg["optimizer"](task.param_groups())
+        self.loader = datamodule.train_dataloader()
+        self.steps = min(len(self.loader), max_steps or len(self.loader))
+        factor = lr_lambda(
+            optim_cfg.get("schedule", "constant"),
+            int(optim_cfg.get("warmup_steps", 0)),
+            lambda: self.steps,
+            float(optim_cfg.get("min_lr_ratio", 0.0)),
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, factor)
+        self.batches = iter(self.loader)
+
+    def step(self) -> float:
+        """One training step on the next batch (the loader restarts when it runs out)."""
+        import torch.nn.functional as F
+
+        try:
+            x, y = next(self.batches)
+        except StopIteration:
+            self.batches = iter(self.loader)
+            x, y = next(self.batches)
+        logits = self.net(x)
+        loss = F.cross_entropy(logits.flatten(0, -2), y.flatten())
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        self.scheduler.step()
+        return loss.item()
+
+
 def run_hand(overrides: list[str], max_steps: int | None) -> dict[str, float]:
-    """The same model, batches and optimizer in a plain PyTorch loop (no Lightning)."""
-    import lightning.pytorch as pl
-    import torch.nn.functional as F
-    from hydra.utils import instantiate
-
-    from normlab.tasks.base import lr_lambda
-
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = compose(overrides, Path(tmp))
+    """HandLoop for as many steps as normlab takes: seconds of its steps and of the whole."""
     start_total = time.perf_counter()
-    pl.seed_everything(cfg.seed, verbose=False)  # as normlab.run.train: same init, same order
-    if cfg.get("num_threads"):
-        torch.set_num_threads(int(cfg.num_threads))
-    datamodule = instantiate(cfg.data)
-    task = instantiate(cfg.model)  # only for its net and its optimizer's parameter groups
-    if getattr(datamodule, "ctx", 0) is None:  # windows as long as the model's context (zoo)
-        datamodule.ctx = task.net.ctx
-    datamodule.setup("fit")
-    net = task.net.train()
-    optim_cfg = task.optim_cfg
-    optimizer = optim_cfg["optimizer"](task.param_groups())
-    loader = datamodule.train_dataloader()
-    steps = min(len(loader), max_steps or len(loader))
-    factor = lr_lambda(
-        optim_cfg.get("schedule", "constant"),
-        int(optim_cfg.get("warmup_steps", 0)),
-        lambda: steps,
-        float(optim_cfg.get("min_lr_ratio", 0.0)),
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    loop = HandLoop(overrides, max_steps)
     losses = []
     stamps = [time.perf_counter()]
-    for i, (x, y) in enumerate(loader):
-        if i == steps:
-            break
-        logits = net(x)
-        loss = F.cross_entropy(logits.flatten(0, -2), y.flatten())
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        scheduler.step()
-        losses.append(loss.item())
+    for _ in range(loop.steps):
+        losses.append(loop.step())
         stamps.append(time.perf_counter())
     return {
         "step_s": statistics.median(b - a for a, b in zip(stamps, stamps[1:], strict=False)),
@@ -282,10 +310,30 @@ def run_hand(overrides: list[str], max_steps: int | None) -> dict[str, float]:
     }
 
 
+def run_paired(overrides: list[str], max_steps: int | None) -> dict[str, float]:
+    """A normlab run with a HandLoop twin stepped after each of its steps: the median over steps
+    of normlab's step time / the twin's next step time (_timing.PairedSteps)."""
+    import normlab.run
+
+    PairedSteps.make_twin = lambda: HandLoop(overrides, max_steps).step
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = compose([*overrides, "+callbacks.bench_pair._target_=_timing.PairedSteps"], Path(tmp))
+        result = normlab.run.train(cfg)
+    assert result["status"] == "ok", result
+    pairs = PairedSteps.last
+    return {
+        "ratio": statistics.median(a / b for a, b in zip(pairs.normlab, pairs.hand, strict=True)),
+        "normlab_s": statistics.median(pairs.normlab),
+        "hand_s": statistics.median(pairs.hand),
+    }
+
+
 # cases where normlab does more than the hand loop: their ratio is reported, not held to a target
 EXTRA_WORK = {"transformer_50_steps": "+ diagnostics the hand loop does not compute"}
 MEASURES = {
-    "step_s": "median step",  # steady state: robust to bursts of load from other processes
+    # step by step against a twin in the same run: the measure the target is for
+    "paired": "median step, paired",
+    "step_s": "median step, runs apart",  # robust to bursts of load, not to load lasting a run
     "steps_s": "all training steps",
     "total_s": "train() end to end",  # + data setup, sanity check, validation, checkpoints
 }
@@ -337,14 +385,21 @@ def bench_train(rounds: int, names: list[str] | None = None) -> list[dict]:
             print(f"  {name}: skipped ({type(err).__name__}: {str(err).splitlines()[0]})")
             rows.append({"case": name, "measure": f"skipped: {type(err).__name__}"})
             continue
-        runs: dict[str, list[dict]] = {"hand": [], "normlab": []}
+        runs: dict[str, list[dict]] = {"hand": [], "normlab": [], "paired": []}
         for _ in range(rounds):
             runs["hand"].append(run_hand(overrides, steps))
             runs["normlab"].append(run_normlab(overrides))
-        for key in ("step_s", "steps_s", "total_s"):
-            times = {side: [r[key] for r in rs] for side, rs in runs.items()}
-            r = ratio(times, "normlab", "hand")
-            targeted = key == "step_s" and name not in EXTRA_WORK
+            runs["paired"].append(run_paired(overrides, steps))
+        for key in MEASURES:
+            if key == "paired":
+                times = {
+                    side: [r[f"{side}_s"] for r in runs["paired"]] for side in ("hand", "normlab")
+                }
+                r = statistics.median(p["ratio"] for p in runs["paired"])
+            else:
+                times = {side: [r[key] for r in runs[side]] for side in ("hand", "normlab")}
+                r = ratio(times, "normlab", "hand")
+            targeted = key == "paired" and name not in EXTRA_WORK
             rows.append({
                 "case": name,
                 "measure": MEASURES[key],
