@@ -57,8 +57,11 @@ class ClassificationTask(Task):
         if not acc.update_called:  # no batches this epoch
             return
         name = "train" if split == "fit" else split
-        self.log("train/loss_epoch" if split == "fit" else f"{name}/loss", mean_loss.compute())
-        self.log(f"{name}/acc", acc.compute(), prog_bar=True)
+        # compute() has gathered the states of all processes already, so every rank holds the
+        # same value; sync_dist=True averages equal values and tells Lightning it is synced
+        key = "train/loss_epoch" if split == "fit" else f"{name}/loss"
+        self.log(key, mean_loss.compute(), sync_dist=True)
+        self.log(f"{name}/acc", acc.compute(), prog_bar=True, sync_dist=True)
         acc.reset()
         mean_loss.reset()
 

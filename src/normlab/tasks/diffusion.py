@@ -147,7 +147,7 @@ class DiffusionTask(Task):
         gen = torch.Generator(device=self.device).manual_seed(batch_idx)
         with eval_mode(self.ema) as ema:
             loss = self.diffusion_loss(ema, batch, gen)
-        self.log(f"{split}/loss", loss, on_step=False, on_epoch=True, prog_bar=True)
+        self.log(f"{split}/loss", loss, on_step=False, on_epoch=True, prog_bar=True, sync_dist=True)
 
     def validation_step(self, batch, batch_idx):
         self._eval_step(batch, batch_idx, "val")
