@@ -12,7 +12,8 @@ turn, in a random order each round, the ratio taken per round, then the median o
 (_timing.interleaved). Training: the median step is measured paired, the hand-written loop
 stepping a twin model after each of normlab's steps in the same run (_timing.PairedSteps), the
 ratio taken per pair, then the median; whole runs of each side, in turn, give the other rows.
-Prints markdown tables and writes outputs/bench/<part>.csv.
+Prints markdown tables and writes outputs/bench/<part>.csv and <part>.md (outputs/bench/keep_heap/
+with --keep-heap).
 
 --keep-heap: glibc returns freed memory above a threshold to the OS (large blocks are mmapped,
 the heap top is trimmed), so a path that allocates many full-size temporaries pays page faults
@@ -458,26 +459,34 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     os.environ.setdefault("NORMLAB_DATA", str(REPO.parent / "shared" / "data"))
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(
+    setting = (
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
         f"load average {load:.1f}, THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE')}, "
         f"heap: {heap}"
     )
+    print(setting)
+    out = OUT / "keep_heap" if args.keep_heap else OUT  # a run's tables by its heap setting
+
+    def report(part: str, title: str, rows: list[dict], cols: list[str]) -> None:
+        """Print the table; write <out>/<part>.csv and <part>.md (with the command and setting)."""
+        write_csv(rows, out / f"{part}.csv")
+        table = markdown(rows, cols)
+        print(f"\n## {title}\n\n{table}")
+        given = argv if argv is not None else sys.argv[1:]
+        command = " ".join(["python scripts/bench.py", *given])
+        (out / f"{part}.md").write_text(f"# {title}\n\n`{command}`: {setting}\n\n{table}\n")
+
     if args.part in ("norms", "all"):
-        rows = bench_norms(args.rounds or 15)
-        write_csv(rows, OUT / "norms.csv")
         cols = ["device", "dtype", "shape", "norm", "layer", "ms", "time_ratio", "act_MiB",
                 "mem_ratio", "target", "ok", "note"]  # fmt: skip
-        print("\n## Norms: forward + backward, ratio to the first torch layer of each group\n")
-        print(markdown(rows, cols))
+        title = "Norms: forward + backward, ratio to the first torch layer of each group"
+        report("norms", title, bench_norms(args.rounds or 15), cols)
     if args.part in ("train", "all"):
-        rows = bench_train(args.rounds or 5, args.train_cases)
-        write_csv(rows, OUT / "train.csv")
         cols = ["case", "measure", "steps", "hand_s", "normlab_s", "ratio", "target", "ok",
                 "mean_loss_hand", "mean_loss_normlab", "note"]  # fmt: skip
-        print("\n## Training: normlab.run.train vs a hand-written loop\n")
-        print(markdown(rows, cols))
-    print(f"\nCSV in {OUT}")
+        title = "Training: normlab.run.train vs a hand-written loop"
+        report("train", title, bench_train(args.rounds or 5, args.train_cases), cols)
+    print(f"\nCSV and markdown in {out}")
 
 
 if __name__ == "__main__":

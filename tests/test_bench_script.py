@@ -47,6 +47,9 @@ def test_norms_part_rates_every_impl_against_its_baseline(tiny_bench, capsys):
                and r["shape"] == "2x3x64")  # fmt: skip
     assert float(rms["vs_layernorm"]) > 0
     assert "| normlab reference |" in capsys.readouterr().out
+    md = (tiny_bench / "norms.md").read_text()
+    assert "`python scripts/bench.py norms --rounds 1 --threads 1`: torch" in md
+    assert "| normlab reference |" in md
 
 
 def test_train_part_holds_only_equal_work_to_the_target(tiny_bench, capsys):
@@ -65,3 +68,4 @@ def test_train_part_holds_only_equal_work_to_the_target(tiny_bench, capsys):
         "+ work the hand loop does not do"
     }
     assert "## Training" in capsys.readouterr().out
+    assert "| lenet_extra | median step, paired |" in (tiny_bench / "train.md").read_text()
