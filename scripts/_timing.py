@@ -47,31 +47,31 @@ def interleaved(
     in (where the heap hands out fresh pages) by several percent.
     """
     names = list(fns)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    number = 1
-    slowest = 0.0
-    total = warmup + rounds
-    r = 0
     order = random.Random(0)
-    while r < total:
+    number = 1
+
+    def sample(name: str) -> float:
+        if setup is not None:
+            setup()
+        sync(device)
+        start = time.perf_counter()
+        for _ in range(number):
+            fns[name]()
+        sync(device)
+        return (time.perf_counter() - start) / number
+
+    last: dict[str, float] = {}
+    for _ in range(warmup):
         for name in order.sample(names, len(names)):
-            if setup is not None:
-                setup()
-            sync(device)
-            start = time.perf_counter()
-            for _ in range(number):
-                fns[name]()
-            sync(device)
-            elapsed = (time.perf_counter() - start) / number
-            if r >= warmup:
-                times[name].append(elapsed)
-            else:
-                slowest = max(slowest, elapsed) if r == warmup - 1 else slowest
-                if min_sample_s > 0:
-                    number = max(number, math.ceil(min_sample_s / max(elapsed, 1e-9)))
-        if r == warmup - 1 and min_total_s > 0:  # the last warmup round: calls at full speed
-            total = warmup + max(rounds, math.ceil(min_total_s / max(slowest * number, 1e-9)))
-        r += 1
+            last[name] = sample(name)
+            if min_sample_s > 0:
+                number = max(number, math.ceil(min_sample_s / max(last[name], 1e-9)))
+    if last and min_total_s > 0:  # the last warmup round: calls at full speed
+        rounds = max(rounds, math.ceil(min_total_s / max(max(last.values()) * number, 1e-9)))
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for _ in range(rounds):
+        for name in order.sample(names, len(names)):
+            times[name].append(sample(name))
     return times
 
 

@@ -142,7 +142,8 @@ def analyze(runs: list[Run]) -> Result:
             ax_loss.plot(mean.index + 1, mean.values, style, color=f"C{i}", marker="o", ms=3,
                          label=f"{name}{tag}, mean of {_seeds(group)}")  # fmt: skip
             if not warmup:
-                grads = [g for g in (grad_at_init(r) for r in group) if g]
+                per_run = [(run, grad_at_init(run)) for run in group]
+                grads = [g for _, g in per_run if g]
                 for g in grads if len(grads) > 1 else []:
                     ax_grad.plot(range(1, len(g) + 1), g, color=f"C{i}", alpha=0.3)
                 if grads:
@@ -153,8 +154,8 @@ def analyze(runs: list[Run]) -> Result:
                     {"panel": "grad_norm_init", "run": label, "seed": run.get("seed", ""),
                      "status": run.status, "x_name": "block", "x": b + 1,
                      "y_name": "grad norm", "y": g}
-                    for run in group
-                    for b, g in enumerate(grad_at_init(run))
+                    for run, run_grads in per_run
+                    for b, g in enumerate(run_grads)
                 ]  # fmt: skip
     ax_loss.set(xlabel="training step", ylabel="val loss (nats/char)", title="validation loss")
     ax_loss.legend(fontsize=8)

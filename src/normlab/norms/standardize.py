@@ -23,6 +23,8 @@ Two layouts, by where the affine sits relative to the statistics:
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.autograd.function import once_differentiable
 
@@ -35,9 +37,7 @@ def _stats(x: torch.Tensor, dims: tuple[int, ...], eps: float) -> tuple[torch.Te
     variance below 0.
     """
     acc = torch.promote_types(x.dtype, torch.float32)
-    m = 1
-    for d in dims:
-        m *= x.shape[d]
+    m = math.prod(x.shape[d] for d in dims)
     mean = x.sum(dims, keepdim=True, dtype=acc).div_(m)
     sq = torch.linalg.vector_norm(x, 2, dims, keepdim=True, dtype=acc).square_().div_(m)
     var = sq.sub_(mean * mean).clamp_min_(0.0)
@@ -47,13 +47,13 @@ def _stats(x: torch.Tensor, dims: tuple[int, ...], eps: float) -> tuple[torch.Te
 def _input_grad_terms(
     a: torch.Tensor, b_sum: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, m: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """dL/dx = gy * w * rstd + c1 + c2 * x: the per-group c1, c2 from A and B (module docstring).
+    """dL/dx = rstd * (gy * w + c1 + c2 * x): the per-group c1, c2 from A and B (module docstring).
 
-    rstd * (-A / M - xhat * B / M) with xhat = (x - mean) * rstd is c1 + c2 * x for
-    c2 = -rstd^2 B / M and c1 = -rstd A / M - c2 * mean.
+    -A / M - xhat * B / M with xhat = (x - mean) * rstd is c1 + c2 * x for c2 = -rstd B / M and
+    c1 = -A / M - c2 * mean.
     """
-    c2 = (rstd * rstd).mul_(b_sum).div_(-m)
-    c1 = (rstd * a).div_(-m).sub_(c2 * mean)
+    c2 = (rstd * b_sum).div_(-m)
+    c1 = (a / -m).sub_(c2 * mean)
     return c1, c2
 
 
@@ -77,7 +77,7 @@ class GroupStandardize(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, gy):
         x, w, mean, rstd = ctx.saved_tensors
-        _, g, k, s = x.shape
+        _, _, k, s = x.shape
         gx = gy * x  # its buffer is reused for dL/dx below
         g1 = gy.sum(3, keepdim=True, dtype=rstd.dtype)  # per (n, channel): sum gy, sum gy * x
         g2 = gx.sum(3, keepdim=True, dtype=rstd.dtype)
@@ -91,8 +91,9 @@ class GroupStandardize(torch.autograd.Function):
         a = g1.sum(2, keepdim=True)  # A = sum gy * w;  B = sum gy * w * xhat
         b_sum = g2.sum(2, keepdim=True).sub_(mean * a).mul_(rstd)
         c1, c2 = _input_grad_terms(a, b_sum, mean, rstd, k * s)
+        # rstd * (gy * w + c1 + c2 * x) with rstd folded into the per-(n, channel) factors
         scale = rstd if w is None else rstd * w
-        grad_x = torch.addcmul(c1.to(x.dtype), x, c2.to(x.dtype), out=gx)
+        grad_x = torch.addcmul((rstd * c1).to(x.dtype), x, (rstd * c2).to(x.dtype), out=gx)
         grad_x = grad_x.addcmul_(gy, scale.to(x.dtype))
         return grad_x, grad_w, grad_b, None
 
@@ -129,7 +130,7 @@ class RowStandardize(torch.autograd.Function):
         if ctx.needs_input_grad[2]:
             grad_b = gy.sum(0)
         c1, c2 = _input_grad_terms(a, b_sum, mean, rstd, x.shape[1])
-        # dL/dx = rstd * (gy * w + c1 / rstd + c2 / rstd * x): one buffer, three passes
-        grad_x = torch.addcmul((c1 / rstd).to(x.dtype), x, (c2 / rstd).to(x.dtype), out=gx)
+        # rstd * (gy * w + c1 + c2 * x): one buffer, three passes
+        grad_x = torch.addcmul(c1.to(x.dtype), x, c2.to(x.dtype), out=gx)
         grad_x = grad_x.add_(gy) if w is None else grad_x.addcmul_(gy, w)
         return grad_x.mul_(rstd.to(x.dtype)), grad_w, grad_b, None
