@@ -1,12 +1,16 @@
 """Reproduce the papers' comparison plots from run logs.
 
-    python scripts/reproduce.py NAME [--quick] [--jobs N] [--root DIR]
+    python scripts/reproduce.py NAME [--seeds N] [--quick] [--jobs N] [--root DIR]
+    python scripts/reproduce.py NAME --redraw      # from the committed runs.csv, no training
     python scripts/reproduce.py all [--quick] [--jobs N]
     python scripts/reproduce.py --list
+    python scripts/reproduce.py --readme           # README's Results table from the claims files
 
-Runs NAME's sweep (`python train.py -m experiment=NAME ...`) into the fixed sweep dir
-<root>/outputs/reproduce/NAME[-quick] (finished jobs are skipped, not rerun), reads every
-job's metrics.csv, and writes <root>/outputs/figures[/quick]/NAME.{png,svg,csv,md}.
+Runs NAME's sweeps (`python train.py -m experiment=... seed=0,1,2`) into fixed sweep dirs under
+<root>/outputs/reproduce/NAME[-quick]/ (a finished job is reused only if its resolved config and
+training code are unchanged), reads every job's logs, and writes under
+<root>/outputs/figures[/quick]/: NAME/runs.csv (every number used), NAME/jobs.csv, and, drawn
+from those two alone, NAME.{png,svg,md} and NAME.claims.csv.
 """
 
 from __future__ import annotations
@@ -16,10 +20,14 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
+
 from normlab.analysis import report, sweep
+from normlab.analysis.readme import update_readme
 from normlab.analysis.reproductions import REPRODUCTIONS
 
 REPO = Path(__file__).resolve().parents[1]
+QUICK_SEEDS = 2  # --quick: the least that gives an interval
 
 
 def list_names() -> str:
@@ -28,40 +36,74 @@ def list_names() -> str:
     for r in REPRODUCTIONS.values():
         missing = r.missing()
         state = f"  [not available: conf/{', conf/'.join(missing)} missing]" if missing else ""
+        seeds = "" if r.seeded else "  [one seed per arm until it moves onto seeds]"
         lines += [
-            f"{r.name}: {r.title}{state}",
+            f"{r.name}: {r.title}{state}{seeds}",
             f"    full:  {r.full.text}",
             f"    quick: {r.quick.text}",
         ]
     return "\n".join(lines)
 
 
-def reproduce(name: str, quick: bool, jobs: int, root: Path) -> Path:
-    """Run one NAME's sweep (skipping finished jobs) and write its figure, csv and md."""
+def command_text(name: str, quick: bool, seeds: int | None) -> str:
+    """The command a figure's md shows."""
+    cmd = f"python scripts/reproduce.py {name}"
+    if seeds is not None and seeds != (QUICK_SEEDS if quick else 3):
+        cmd += f" --seeds {seeds}"
+    return cmd + (" --quick" if quick else "")
+
+
+def redraw(name: str, quick: bool, root: Path) -> dict[str, Path]:
+    """Draw NAME's figure, md and claims from its runs.csv and jobs.csv alone."""
+    repro = REPRODUCTIONS[name]
+    if not repro.seeded:
+        raise SystemExit(f"{name}: --redraw needs a seeded reproduction (its runs.csv)")
+    out = sweep.figures_dir(root, quick)
+    paths = report.evidence_paths(out, name)
+    if not paths["runs"].is_file():
+        raise SystemExit(f"{name}: no {paths['runs']} to redraw from (run it first)")
+    data = pd.read_csv(paths["runs"])
+    jobs = pd.read_csv(paths["jobs"], keep_default_na=False, na_values={"wall_time_s": [""]})
+    seeds = jobs["seed"].nunique()
+    return report.write_evidence(
+        repro.render(data), out, name, repro.title, command_text(name, quick, seeds),
+        repro.budget(quick).text, jobs,
+    )  # fmt: skip
+
+
+def reproduce(name: str, quick: bool, jobs: int, root: Path, seeds: int | None) -> Path:
+    """Run one NAME's sweeps (reusing finished jobs) and write its figure, data and md."""
     repro = REPRODUCTIONS[name]
     missing = repro.missing()
     if missing:
         raise SystemExit(f"{name}: needs conf/{', conf/'.join(missing)} (not there yet)")
-    seconds = sweep.run(repro, quick, root, jobs)
-    runs = sweep.runs(repro, quick, root)
+    if repro.seeded and seeds is None:
+        seeds = QUICK_SEEDS if quick else 3
+    if not repro.seeded:
+        seeds = None
+    seconds = sweep.run(repro, quick, root, jobs, seeds)
+    runs = sweep.runs(repro, quick, root, seeds)
     if not runs:
-        raise SystemExit(f"{name}: no jobs in {sweep.sweep_dir(root, name, quick)}/summary.csv")
+        raise SystemExit(f"{name}: no jobs in {sweep.sweep_dir(root, name, quick)}")
     not_ok = [r for r in runs if r.status != "ok"]
     if not_ok:
-        print(f"{name}: {len(not_ok)} of {len(runs)} jobs not ok (see the md's Runs table)")
-    budget = repro.budget(quick)
-    cmd = f"python scripts/reproduce.py {name}" + (" --quick" if quick else "")
-    paths = report.write(
-        repro.analyze(runs),
-        sweep.figures_dir(root, quick),
-        name,
-        repro.title,
-        cmd,
-        budget.text,
-        runs,
-        seconds,
-    )
-    print(f"{name}: {seconds:.0f} s, wrote {paths['png']} (+ .svg .csv .md)", flush=True)
+        print(f"{name}: {len(not_ok)} of {len(runs)} jobs not ok (see the md's jobs table)")
+    out = sweep.figures_dir(root, quick)
+    if repro.seeded:
+        paths = report.evidence_paths(out, name)
+        paths["runs"].parent.mkdir(parents=True, exist_ok=True)
+        data = repro.extract(runs)[report.RUNS_COLUMNS]
+        data.to_csv(paths["runs"], index=False, float_format=report.FLOAT)
+        job_rows = sweep.jobs_frame(runs, repro.arm)
+        job_rows.to_csv(paths["jobs"], index=False, float_format=report.FLOAT)
+        paths = redraw(name, quick, root)  # the md comes from the files, as --redraw makes it
+    else:
+        cmd = command_text(name, quick, None)
+        paths = report.write(
+            repro.analyze(runs), out, name, repro.title, cmd, repro.budget(quick).text, runs,
+            seconds,
+        )  # fmt: skip
+    print(f"{name}: {seconds:.0f} s, wrote {paths['md']} (+ figure, data)", flush=True)
     return paths["md"]
 
 
@@ -72,17 +114,37 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=1, help="parallel jobs (joblib launcher)")
     parser.add_argument("--root", type=Path, default=REPO, help="where outputs/ goes")
     parser.add_argument("--list", action="store_true", help="print names and budgets")
+    parser.add_argument(
+        "--seeds", type=int, default=None, help=f"seeds per arm (default 3; {QUICK_SEEDS} quick)"
+    )
+    parser.add_argument(
+        "--redraw", action="store_true", help="redraw from the committed runs.csv, no training"
+    )
+    parser.add_argument(
+        "--readme", action="store_true", help="rewrite README's Results table from claims files"
+    )
     args = parser.parse_args(argv)
     if args.list:
         print(list_names())
         return
+    if args.readme:
+        print(f"wrote {update_readme(args.root.resolve())}")
+        return
+    if args.seeds is not None and args.seeds < 1:
+        parser.error(f"--seeds must be >= 1, got {args.seeds}")
     if args.name not in (*REPRODUCTIONS, "all"):
         parser.error(f"NAME must be one of {list(REPRODUCTIONS)} or 'all', got {args.name!r}")
     names = list(REPRODUCTIONS) if args.name == "all" else [args.name]
+    if args.redraw and args.name == "all":
+        names = [n for n in names if REPRODUCTIONS[n].seeded]
     start, failed = time.time(), []
     for name in names:
         try:
-            reproduce(name, args.quick, args.jobs, args.root.resolve())
+            if args.redraw:
+                paths = redraw(name, args.quick, args.root.resolve())
+                print(f"{name}: redrew {paths['md']} from {paths['runs']}")
+            else:
+                reproduce(name, args.quick, args.jobs, args.root.resolve(), args.seeds)
         except (SystemExit, RuntimeError) as err:
             if args.name != "all":
                 raise

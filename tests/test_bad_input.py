@@ -37,6 +37,8 @@ CASES = [
     ("unknown activation", ["model.net.activation=tanh"], ["activation", "tanh", "sigmoid"]),
     ("instance norm without spatial extent", ["norm=instancenorm", "model.net.fc_norm=${norm}"],
      ["classifier.norm3", "instancenorm", "(256, 120)"]),
+    ("instance norm in the MLP", ["model=mlp", "norm=instancenorm"],
+     ["layers.norm1", "instancenorm", "no spatial extent"]),
     ("transformer depth 0", ["model=transformer", "model.net.depth=0"], ["depth", "0"]),
     ("deepnorm arch it has no constants for", ["model=transformer", "placement=deepnorm",
      "placement.arch=seq2seq"], ["seq2seq", "encoder", "decoder"]),

@@ -35,6 +35,10 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("normlab.uid", _uid, use_cache=True)
     if not OmegaConf.has_resolver("normlab.slug"):
         OmegaConf.register_new_resolver("normlab.slug", _slug)
+    if not OmegaConf.has_resolver("normlab.mul"):  # batch = devices x per-device batch
+        OmegaConf.register_new_resolver("normlab.mul", lambda a, b: a * b)
+    if not OmegaConf.has_resolver("normlab.div"):  # linear lr scaling: lr x batch / 256
+        OmegaConf.register_new_resolver("normlab.div", lambda a, b: a / b)
     if not OmegaConf.has_resolver("normlab.ddp_backend"):
         OmegaConf.register_new_resolver(
             "normlab.ddp_backend", lambda acc: "nccl" if acc in ("gpu", "cuda") else "gloo"

@@ -17,7 +17,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from normlab import config, loggers, summary
+from normlab import config, identity, loggers, summary
 from normlab.compute import keep_heap
 from normlab.errors import ConfigError, UserError
 from normlab.preflight import preflight
@@ -156,13 +156,24 @@ def main(cfg: DictConfig) -> float | None:
 
     overrides = " ".join(hc.overrides.task)
     sweep_dir = Path(hc.sweep.dir)
+    ident = {
+        "config_hash": identity.config_hash(cfg),
+        "code_version": identity.code_version(identity.hydra_conf_dir()),
+    }
     before = summary.previous_row(sweep_dir, overrides)
-    if before is not None and before["status"] in summary.FINISHED:
+    same = before is not None and all(before.get(k) == v for k, v in ident.items())
+    if same and before["status"] in summary.FINISHED:
         log.info("skipping finished job [%s] (%s)", overrides, before["run_dir"])
+        summary.update_row(sweep_dir, {**before, "reused": 1})
         value = before.get(cfg.get("objective") or "")
         return float(value) if value not in (None, "") else None
     last = _run_dir(cfg) / "checkpoints" / "last.ckpt"
-    if before is not None and cfg.get("ckpt_path") is None and last.is_file():
+    if before is not None and not same:
+        changed = [k for k, v in ident.items() if before.get(k) != v]
+        log.info("job [%s] changed (%s): running it again", overrides, ", ".join(changed))
+        if last.is_file():  # a checkpoint of the old job must never be resumed by the new one
+            last.replace(last.with_name("last.stale.ckpt"))
+    elif before is not None and cfg.get("ckpt_path") is None and last.is_file():
         log.info("job [%s] was %s: resuming from %s", overrides, before["status"], last)
         with open_dict(cfg):
             cfg.ckpt_path = "last"
@@ -171,6 +182,8 @@ def main(cfg: DictConfig) -> float | None:
         "overrides": overrides,
         "status": "running",
         "run_dir": cfg.paths.output_dir,
+        "reused": 0,
+        **ident,
     }
     summary.update_row(sweep_dir, row)
     start = time.time()

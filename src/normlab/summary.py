@@ -16,7 +16,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-FIRST_COLUMNS = ["job", "overrides", "status", "error", "wall_time_s", "seed", "run_dir"]
+# a job's identity (normlab.identity) and whether its row was reused from an earlier invocation
+IDENTITY_COLUMNS = ["reused", "config_hash", "code_version"]
+FIRST_COLUMNS = ["job", "overrides", "status", "error", "wall_time_s", "seed", "run_dir",
+                 *IDENTITY_COLUMNS]  # fmt: skip
 
 
 def atomic_write(path: Path, text: str) -> None:

@@ -8,7 +8,8 @@ import matplotlib.pyplot as plt
 
 from normlab.analysis.curves import decided, final, show
 from normlab.analysis.logs import Run, pick
-from normlab.analysis.report import Claim, Result, tidy
+from normlab.analysis.report import LegacyClaim as Claim
+from normlab.analysis.report import Result, tidy
 
 # ----- the paper's claims (DiT Table 4: XL/2, 400K steps, FID-50K on ImageNet 256) -------------
 PAPER_FID = {"adaln_zero": 19.47, "adaln": 25.21, "cross_attn": 26.14, "in_context": 35.24}

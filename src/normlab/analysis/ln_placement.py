@@ -10,7 +10,8 @@ import pandas as pd
 
 from normlab.analysis.curves import decided, final, show
 from normlab.analysis.logs import Run, pick
-from normlab.analysis.report import Claim, Result, tidy
+from normlab.analysis.report import LegacyClaim as Claim
+from normlab.analysis.report import Result, tidy
 
 # ----- the paper's claims (Xiong et al. 2020, "On Layer Normalization in the Transformer") -----
 PAPER = {

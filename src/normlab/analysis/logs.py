@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from normlab.summary import read_summary
+from normlab.summary import FIRST_COLUMNS, read_summary
 
 
 def parse_overrides(text: str) -> dict[str, str]:
@@ -51,6 +51,8 @@ class Run:
     metrics: pd.DataFrame = field(default_factory=pd.DataFrame)
     error: str = ""
     wall_time_s: float = math.nan
+    reused: int = 0  # 1: an invocation found it finished with the same identity and kept it
+    code_version: str = ""
 
     def get(self, key: str, default: str = "") -> str:
         """The value this job gave an override key (e.g. 'norm'), or default."""
@@ -107,8 +109,9 @@ def load_sweep(sweep_dir: str | Path, match: dict[str, str] | None = None) -> li
         if not all(same_value(overrides.get(k), v) for k, v in (match or {}).items()):
             continue
         run_dir = _resolve(row.get("run_dir", ""), sweep_dir)
-        reserved = {"job", "overrides", "status", "error", "wall_time_s", "seed", "run_dir"}
-        final = {k: _float(v) for k, v in row.items() if k not in reserved and v not in ("", None)}
+        final = {
+            k: _float(v) for k, v in row.items() if k not in FIRST_COLUMNS and v not in ("", None)
+        }
         runs.append(
             Run(
                 overrides=overrides,
@@ -118,6 +121,8 @@ def load_sweep(sweep_dir: str | Path, match: dict[str, str] | None = None) -> li
                 metrics=read_metrics(run_dir),
                 error=row.get("error", ""),
                 wall_time_s=_float(row.get("wall_time_s", "")),
+                reused=int(row.get("reused") or 0),
+                code_version=row.get("code_version", ""),
             )
         )
     return runs

@@ -13,12 +13,13 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from normlab.analysis import stats  # noqa: E402
 from normlab.analysis.logs import Run  # noqa: E402
 
 
 @dataclass
-class Claim:
-    """One paper claim: the paper's number, ours, and whether the rule says it holds."""
+class LegacyClaim:
+    """A claim decided on one run per arm (reproductions not yet on seeds: see Claim)."""
 
     claim: str
     paper: str
@@ -32,12 +33,60 @@ class Claim:
 
 
 @dataclass
+class Claim:
+    """A claim tested on a per-seed quantity: its mean, 95% CI over seeds, rule and verdict."""
+
+    claim: str  # what this suite tested, in its own words
+    paper_number: str  # the paper's figure for it, quoted
+    quantity: str  # what one seed contributes, in words with its unit
+    values: list[float]  # one value per seed (arms compared within a seed)
+    region: tuple[float, float]  # where the paper's side lies: (2, ABOVE) is "above 2"
+    log: bool = False  # a ratio: geometric mean, CI on the log scale
+
+    @property
+    def interval(self) -> stats.Interval:
+        return stats.Interval.of(self.values, log=self.log)
+
+    @property
+    def verdict(self) -> str:
+        return stats.verdict(self.interval, self.region)
+
+    @property
+    def rule(self) -> str:
+        side, other = stats.region_text(self.region)
+        mean = "geometric mean" if self.log else "mean"
+        return (
+            f"per seed: {self.quantity}. Holds if the 95% CI of its {mean} over seeds lies "
+            f"wholly {side}; does not hold if it lies wholly {other}; otherwise undecided"
+        )
+
+    def ours(self) -> str:
+        i = self.interval
+        ci = f" [{fmt(i.low)}, {fmt(i.high)}]" if i.known else " [CI n/a]"
+        return f"{fmt(i.mean)}{ci}"
+
+    def row(self) -> dict[str, object]:
+        """The claim's row of NAME.claims.csv."""
+        i = self.interval
+        return {
+            "claim": self.claim,
+            "paper_number": self.paper_number,
+            "ours_mean": i.mean,
+            "ci_low": i.low,
+            "ci_high": i.high,
+            "n_seeds": i.n,
+            "verdict": self.verdict,
+            "rule": self.rule,
+        }
+
+
+@dataclass
 class Result:
     """An analysed sweep: figure, tidy data (one row per plotted point) and claims."""
 
     figure: plt.Figure
-    data: pd.DataFrame
-    claims: list[Claim]
+    data: pd.DataFrame | None
+    claims: list  # Claim (seeded reproductions) or LegacyClaim
     notes: list[str] = field(default_factory=list)
 
 
@@ -58,7 +107,7 @@ def tidy(rows: list[dict]) -> pd.DataFrame:
     return frame[first + [c for c in frame.columns if c not in first]]
 
 
-def claims_markdown(claims: list[Claim]) -> str:
+def claims_markdown(claims: list[LegacyClaim]) -> str:
     """The claim table (paper claim | paper's number | our number | holds or not) and its rules."""
     lines = [
         "| paper claim | paper's number | our number | holds? |",
@@ -130,5 +179,92 @@ def write(
     if result.notes:
         text += ["## Notes", ""] + [f"- {n}" for n in result.notes] + [""]
     text += ["## Runs", "", runs_markdown(runs)]
+    paths["md"].write_text("\n".join(text))
+    return paths
+
+
+# ----- seeded reproductions: runs.csv + jobs.csv -> figure, claims.csv, md ----------------------
+
+RUNS_COLUMNS = ["arm", "seed", "x", "metric", "value"]
+JOBS_COLUMNS = ["arm", "seed", "status", "error", "wall_time_s", "reused", "code_version",
+                "overrides"]  # fmt: skip
+FLOAT = "%.10g"  # every number written: stable text for byte-identical redraws
+
+
+def evidence_paths(out_dir: Path, name: str) -> dict[str, Path]:
+    """Where a seeded reproduction's files live: NAME/{runs,jobs}.csv and NAME.{png,svg,md,..}."""
+    return {
+        "runs": out_dir / name / "runs.csv",
+        "jobs": out_dir / name / "jobs.csv",
+        "png": out_dir / f"{name}.png",
+        "svg": out_dir / f"{name}.svg",
+        "md": out_dir / f"{name}.md",
+        "claims": out_dir / f"{name}.claims.csv",
+    }
+
+
+def claims_table(claims: list[Claim]) -> str:
+    """The claims as a markdown table (mean and 95% CI over seeds, verdict) and their rules."""
+    lines = [
+        "| claim (as tested here) | paper | ours: mean [95% CI] | seeds | verdict |",
+        "|---|---|---|---|---|",
+    ]
+    for c in claims:
+        cells = (c.claim, c.paper_number, c.ours(), str(c.interval.n), f"**{c.verdict}**")
+        lines.append("| " + " | ".join(cell(x) for x in cells) + " |")
+    lines += ["", "Rules (in code: `normlab.analysis`; the rule each verdict was decided by):", ""]
+    lines += [f"- *{c.claim}*: {c.rule}." for c in claims]
+    lines += ["", f"CI: {stats.CI_METHOD}.", ""]
+    return "\n".join(lines)
+
+
+def jobs_table(jobs: pd.DataFrame) -> str:
+    """The jobs the figure was drawn from: arm, seed, status, wall time, reused or not."""
+    lines = ["| arm | seed | status | wall time (s) | reused |", "|---|---|---|---|---|"]
+    for job in jobs.itertuples():
+        error = f" ({str(job.error)[:80]})" if isinstance(job.error, str) and job.error else ""
+        reused = "yes" if job.reused == 1 else "no"
+        cells = (job.arm, str(job.seed), f"{job.status}{error}", fmt(job.wall_time_s, 4), reused)
+        lines.append("| " + " | ".join(cell(x) for x in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_evidence(
+    result: Result, out_dir: Path, name: str, title: str, command: str, budget: str,
+    jobs: pd.DataFrame,
+) -> dict[str, Path]:  # fmt: skip
+    """Write NAME.png, .svg, .md and .claims.csv from an analysed runs.csv (no run logs read)."""
+    paths = evidence_paths(out_dir, name)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result.figure.savefig(paths["png"], dpi=120, bbox_inches="tight")
+    result.figure.savefig(paths["svg"], bbox_inches="tight", metadata={"Date": None})
+    plt.close(result.figure)
+    claims = pd.DataFrame([c.row() for c in result.claims])
+    claims.to_csv(paths["claims"], index=False, float_format=FLOAT)
+    seeds = sorted({int(s) for s in jobs["seed"]})
+    times = jobs["wall_time_s"].dropna()
+    versions = sorted({str(v) for v in jobs["code_version"].dropna()})
+    text = [
+        f"# {name}: {title}",
+        "",
+        f"![{name}]({name}.png)",
+        "",
+        f"Command: `{command}`  ",
+        f"Budget: {budget}  ",
+        f"Seeds: {', '.join(map(str, seeds))} for every arm (a seed sets the init, the data order "
+        "and the training subset; arms compared within a seed share all three)  ",
+        f"Jobs: {len(jobs)}, {int((jobs['status'] == 'ok').sum())} ok; their own wall time "
+        f"{times.sum():.0f} s in all, {times.max():.0f} s the longest  ",
+        f"Training code version(s): {', '.join(versions) or 'n/a'} (normlab.identity)  ",
+        f"Data: [{name}/runs.csv]({name}/runs.csv) holds every number below; "
+        f"`python scripts/reproduce.py {name} --redraw` redraws all from it",
+        "",
+        "## Claims",
+        "",
+        claims_table(result.claims),
+    ]
+    if result.notes:
+        text += ["## Notes", ""] + [f"- {n}" for n in result.notes] + [""]
+    text += ["## Jobs", "", jobs_table(jobs)]
     paths["md"].write_text("\n".join(text))
     return paths

@@ -14,7 +14,7 @@ from normlab.analysis import (
     ln_placement,
     rmsnorm_speed,
 )
-from normlab.analysis.sweep import Budget, Reproduction, ensure_fid_lenet
+from normlab.analysis.sweep import Budget, Grid, Reproduction, ensure_fid_lenet
 
 QUICK_EPOCHS = (
     "trainer.max_epochs=2",
@@ -34,51 +34,75 @@ QUICK_LM = (
     "trainer.log_every_n_steps=5",
 )
 
+# BatchNorm's statistics per virtual device of per_device images (Ghost BN)
+GHOST = "norm.ghost_batch=${per_device}"
+
 REPRODUCTIONS: dict[str, Reproduction] = {
     r.name: r
     for r in [
         Reproduction(
             name="bn_lenet",
             title="BatchNorm trains faster and keeps a sigmoid's input stable (BN paper Fig. 1)",
-            experiment="bn_lenet",
-            full=Budget((), "4 jobs x 10 epochs of 100 steps at batch 64 (64k images each)"),
+            grids=(Grid("lenet", "bn_lenet"), Grid("mlp", "bn_mlp")),
+            full=Budget(
+                (),
+                "2 networks (LeNet, the BN paper's 3x100 MLP; sigmoid) x BN / none x 3 seeds: "
+                "LeNet 2,700 and MLP 4,500 SGD steps of 60 images, held-out accuracy every 20 "
+                "steps on 2,000 images",
+            ),
             quick=Budget(
                 (
-                    "trainer.limit_train_batches=15",
-                    "trainer.log_every_n_steps=3",
-                    "callbacks.norm_stats.every_n_steps=3",
-                    *QUICK_EPOCHS,
+                    "trainer.max_epochs=2",
+                    "trainer.limit_train_batches=40",
+                    "trainer.limit_test_batches=2",
                 ),
-                "4 jobs x 2 epochs of 15 steps at batch 64",
+                "2 networks x BN / none x 2 seeds, 80 steps",
             ),
-            analyze=bn_lenet.analyze,
+            arm=bn_lenet.arm,
+            extract=bn_lenet.extract,
+            render=bn_lenet.render,
         ),
         Reproduction(
             name="gn_batch_size",
-            title="BN's error grows as the batch shrinks, GN's stays flat (GN paper Fig. 1)",
-            experiment="gn_batch_size",
+            title="BN's error grows as the per-device batch shrinks, GN's stays flat "
+            "(GN paper Fig. 1)",
+            grids=(
+                Grid("bn", "gn_batch_size", ("norm=batchnorm", GHOST)),
+                Grid("gn", "gn_batch_size", ("norm=groupnorm", "norm.num_groups=4")),
+                Grid("ln", "gn_batch_size", ("norm=layernorm",)),
+                Grid("in", "gn_batch_size", ("norm=instancenorm",)),
+                # BN's statistics alone: the SGD batch fixed at 8 x 32; b=32 is the bn grid's job
+                Grid(
+                    "bn_fixed",
+                    "gn_batch_size",
+                    ("norm=batchnorm", GHOST, "batch=256", "per_device=16,8,4,2"),
+                    quick=("per_device=2",),
+                ),
+            ),
             full=Budget(
                 (),
-                "20 jobs (4 norms x batch 32/16/8/4/2), 4 epochs of 5.5k images each (22k images, "
-                "690 steps at batch 32 to 11k at batch 2), lr 0.1 x batch/32",
+                "4 norms x 5 per-device batches (32..2, 8 virtual devices, lr 0.1 x 8b/256) "
+                "+ BN at a fixed SGD batch of 256 x 4 batches, x 3 seeds: 72 jobs of one epoch "
+                "(55k images) each",
             ),
             quick=Budget(
                 (
-                    "norm=batchnorm,groupnorm",
-                    "batch=32,2",
+                    "per_device=32,2",
                     "trainer.max_epochs=1",
                     "trainer.limit_train_batches=0.02",
                     "trainer.limit_val_batches=1",
                     "trainer.limit_test_batches=2",
                 ),
-                "4 jobs (BN, GN x batch 32, 2), 1 epoch of 1.1k images",
+                "4 norms x per-device 32, 2 + BN fixed at 2, x 2 seeds, 1.1k images a job",
             ),
-            analyze=gn_batch_size.analyze,
+            arm=gn_batch_size.arm,
+            extract=gn_batch_size.extract,
+            render=gn_batch_size.render,
         ),
         Reproduction(
             name="ln_placement",
             title="Post-LN needs warmup, Pre-LN does not (Xiong et al. 2020)",
-            experiment="ln_placement",
+            grids=(Grid("", "ln_placement"),),
             full=Budget(
                 # at lr 3e-3 Post-LN trained neither with nor without warmup (val loss stuck at
                 # the unigram level): at 1e-3 warmup is what decides it, the paper's regime
@@ -101,7 +125,7 @@ REPRODUCTIONS: dict[str, Reproduction] = {
         Reproduction(
             name="deepnorm_depth",
             title="Post-LN's model update explodes with depth, DeepNorm's stays bounded (DeepNet)",
-            experiment="deepnorm_depth",
+            grids=(Grid("", "deepnorm_depth"),),
             full=Budget(
                 (*NO_TEST, "batch=16"),
                 "9 jobs (post, pre, deepnorm x depth 6, 18, 50), 300 steps of 16 windows, "
@@ -117,7 +141,7 @@ REPRODUCTIONS: dict[str, Reproduction] = {
         Reproduction(
             name="rmsnorm_speed",
             title="RMSNorm is faster than LayerNorm at comparable quality (Zhang & Sennrich 2019)",
-            experiment="rmsnorm_speed",
+            grids=(Grid("", "rmsnorm_speed"),),
             full=Budget(
                 NO_TEST,
                 "3 jobs (layernorm, rmsnorm, prmsnorm) one at a time, 300 steps of 32 windows, "
@@ -131,7 +155,7 @@ REPRODUCTIONS: dict[str, Reproduction] = {
         Reproduction(
             name="dit_conditioning",
             title="adaLN-Zero beats adaLN, cross-attention and in-context conditioning (DiT)",
-            experiment="dit_conditioning",
+            grids=(Grid("", "dit_conditioning"),),
             full=Budget(
                 ("batch=64",),
                 "4 jobs (adaln_zero, adaln, cross_attn, in_context), 900 steps of 64 images, "

@@ -8,7 +8,8 @@ import matplotlib.pyplot as plt
 
 from normlab.analysis.curves import decided, final, show
 from normlab.analysis.logs import Run, pick
-from normlab.analysis.report import Claim, Result, tidy
+from normlab.analysis.report import LegacyClaim as Claim
+from normlab.analysis.report import Result, tidy
 
 # ----- the paper's claims (Zhang & Sennrich 2019, "Root Mean Square Layer Normalization") ------
 PAPER = {

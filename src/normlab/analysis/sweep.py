@@ -1,8 +1,9 @@
-"""Running a reproduction's sweep through `python train.py -m` and finding its jobs again.
+"""Running a reproduction's sweeps through `python train.py -m` and finding its jobs again.
 
-Each NAME and budget has one fixed sweep dir (<root>/outputs/reproduce/NAME, NAME-quick): a
-second invocation reuses it, and normlab.run.main skips every job whose overrides already have
-a status=ok row in its summary.csv, so only missing or failed jobs run again.
+Each NAME, budget and grid has one fixed sweep dir (<root>/outputs/reproduce/NAME[-quick]/GRID):
+a second invocation reuses it, and normlab.run.main skips a job only when summary.csv has a
+finished row for its overrides with the same resolved config and training-code version
+(normlab.identity); a changed config or code reruns it.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
 from omegaconf import OmegaConf
 
 from normlab.analysis.logs import Run, load_sweep, parse_overrides, same_value
-from normlab.analysis.report import Result
+from normlab.analysis.report import JOBS_COLUMNS, Result
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -32,34 +34,72 @@ class Budget:
 
 
 @dataclass(frozen=True)
+class Grid:
+    """One multirun of a reproduction: an experiment config, overrides added to it (which may
+    sweep), and overrides that shrink it further under --quick."""
+
+    name: str  # its sweep dir below the reproduction's ("" for a reproduction of one grid)
+    experiment: str  # conf/experiment/<experiment>.yaml
+    overrides: tuple[str, ...] = ()
+    quick: tuple[str, ...] = ()
+
+    def all_overrides(self, budget: Budget, quick: bool) -> tuple[str, ...]:
+        """The grid's overrides, then the budget's, then its quick ones: a later value of a key
+        replaces an earlier one (Hydra takes each key once)."""
+        items = (*self.overrides, *budget.overrides, *(self.quick if quick else ()))
+        last = {item.partition("=")[0]: item for item in items}
+        return tuple(dict.fromkeys(last[item.partition("=")[0]] for item in items))
+
+
+@dataclass(frozen=True)
 class Reproduction:
-    """A paper figure: the experiment config that sweeps it, two budgets, and its analysis."""
+    """A paper figure: the grids that sweep it, two budgets, and its analysis.
+
+    Seeded reproductions (`extract` and `render` set) run every arm with --seeds seeds,
+    keep every number they use in runs.csv (`extract`: run logs -> long table) and draw the
+    figure and decide the claims from that table alone (`render`), so --redraw needs no logs.
+    The others (`analyze` on one run per arm) move onto seeds in a later change.
+    """
 
     name: str
     title: str
-    experiment: str  # conf/experiment/<experiment>.yaml, with hydra.sweeper.params
+    grids: tuple[Grid, ...]
     full: Budget
     quick: Budget
-    analyze: Callable[[list[Run]], Result]
+    analyze: Callable[[list[Run]], Result] | None = None
+    arm: Callable[[Run], str] | None = None  # the arm a job belongs to (its seed aside)
+    extract: Callable[[list[Run]], pd.DataFrame] | None = None
+    render: Callable[[pd.DataFrame], Result] | None = None
     requires: tuple[str, ...] = ()  # conf/ files the sweep needs (models other engineers add)
     max_jobs: int | None = None  # cap on parallel jobs (timing sweeps run one job at a time)
     prepare: Callable[[Path], None] | None = None  # makes files the jobs read (run from REPO)
+
+    @property
+    def seeded(self) -> bool:
+        return self.render is not None
 
     def budget(self, quick: bool) -> Budget:
         return self.quick if quick else self.full
 
     def missing(self, repo: Path = REPO) -> list[str]:
         """conf/ files this reproduction needs that are not there yet."""
-        return [
-            p
-            for p in (f"experiment/{self.experiment}.yaml", *self.requires)
-            if not (repo / "conf" / p).is_file()
-        ]
+        needed = {f"experiment/{g.experiment}.yaml" for g in self.grids} | set(self.requires)
+        return sorted(p for p in needed if not (repo / "conf" / p).is_file())
 
 
-def sweep_dir(root: Path, name: str, quick: bool) -> Path:
-    """The fixed sweep dir of a NAME and budget under root."""
-    return root / "outputs" / "reproduce" / (f"{name}-quick" if quick else name)
+def seed_override(seeds: int | None) -> tuple[str, ...]:
+    """seed=0,1,...,n-1 (a sweep over n seeds); nothing for a reproduction without seeds."""
+    if seeds is None:
+        return ()
+    if seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {seeds}")
+    return (f"seed={','.join(str(s) for s in range(seeds))}",)
+
+
+def sweep_dir(root: Path, name: str, quick: bool, grid: str = "") -> Path:
+    """The fixed sweep dir of a NAME, budget and grid under root."""
+    base = root / "outputs" / "reproduce" / (f"{name}-quick" if quick else name)
+    return base / grid if grid else base
 
 
 def figures_dir(root: Path, quick: bool) -> Path:
@@ -73,19 +113,20 @@ def job_threads(jobs: int) -> int:
     return max(1, (os.cpu_count() or 1) // jobs)
 
 
-def command(repro: Reproduction, quick: bool, sweep: Path, jobs: int) -> list[str]:
-    """The `python train.py -m ...` command of a sweep (joblib launcher when jobs > 1)."""
-    cmd = [sys.executable, "train.py", "-m", f"experiment={repro.experiment}"]
-    cmd += list(repro.budget(quick).overrides)
-    cmd.append(f"hydra.sweep.dir={sweep}")
+def command(
+    grid: Grid, budget: Budget, quick: bool, sweep: Path, jobs: int, seeds: tuple[str, ...] = ()
+) -> list[str]:
+    """The `python train.py -m ...` command of one grid (joblib launcher when jobs > 1)."""
+    cmd = [sys.executable, "train.py", "-m", f"experiment={grid.experiment}"]
+    cmd += [*grid.all_overrides(budget, quick), *seeds, f"hydra.sweep.dir={sweep}"]
     if jobs > 1:
         cmd += ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={jobs}"]
     return cmd
 
 
-def task_overrides(repro: Reproduction, quick: bool) -> dict[str, str]:
-    """The overrides every job of this sweep carries (the key its summary rows are found by)."""
-    items = [f"experiment={repro.experiment}", *repro.budget(quick).overrides]
+def task_overrides(grid: Grid, budget: Budget, quick: bool) -> dict[str, str]:
+    """The overrides every job of a grid carries (the key its summary rows are found by)."""
+    items = [f"experiment={grid.experiment}", *grid.all_overrides(budget, quick)]
     return {
         k: v
         for k, v in parse_overrides(" ".join(items)).items()
@@ -98,32 +139,38 @@ def _is_sweep(value: str) -> bool:
     return "," in value and not value.startswith(("[", "{", "'", '"'))
 
 
-def run(repro: Reproduction, quick: bool, root: Path, jobs: int, log=print) -> float:
-    """Run (or complete) the sweep; return its wall time in seconds."""
+def run(
+    repro: Reproduction, quick: bool, root: Path, jobs: int, seeds: int | None = None, log=print
+) -> float:
+    """Run (or complete) every grid's sweep; return the wall time in seconds."""
     jobs = max(1, min(jobs, repro.max_jobs or jobs))
-    sweep = sweep_dir(root, repro.name, quick).resolve()
-    cmd = command(repro, quick, sweep, jobs)
     # Threads through the environment, not an override: a job's overrides are its identity in
     # summary.csv, and the same job run with another --jobs must still count as done.
     threads = str(job_threads(jobs))
     env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
     if repro.prepare is not None:
         repro.prepare(REPO)
-    log("+ " + " ".join(cmd))
     start = time.time()
-    done = subprocess.run(cmd, cwd=REPO, env=env)
-    if done.returncode != 0:
-        raise RuntimeError(f"{repro.name}: sweep exited with code {done.returncode}")
+    for g in repro.grids:
+        sweep = sweep_dir(root, repro.name, quick, g.name).resolve()
+        cmd = command(g, repro.budget(quick), quick, sweep, jobs, seed_override(seeds))
+        log("+ " + " ".join(cmd))
+        done = subprocess.run(cmd, cwd=REPO, env=env)
+        if done.returncode != 0:
+            raise RuntimeError(f"{repro.name}: sweep exited with code {done.returncode}")
     return time.time() - start
 
 
-def grid(repro: Reproduction, quick: bool, repo: Path = REPO) -> dict[str, list[str]]:
-    """The swept keys of this sweep and their values: the experiment's hydra.sweeper.params,
-    where the budget's overrides of the same keys (or its own sweeps) replace them."""
-    conf = OmegaConf.load(repo / "conf" / "experiment" / f"{repro.experiment}.yaml")
+def grid_values(
+    g: Grid, budget: Budget, quick: bool, seeds: int | None = None, repo: Path = REPO
+) -> dict[str, list[str]]:
+    """The swept keys of a grid and their values: the experiment's hydra.sweeper.params, where
+    the grid's and budget's overrides of the same keys (or their own sweeps) replace them."""
+    conf = OmegaConf.load(repo / "conf" / "experiment" / f"{g.experiment}.yaml")
     params = OmegaConf.select(conf, "hydra.sweeper.params", default=None) or {}
     values = {str(k): _values(str(v)) for k, v in params.items()}
-    for key, value in parse_overrides(" ".join(repro.budget(quick).overrides)).items():
+    extra = " ".join((*g.all_overrides(budget, quick), *seed_override(seeds)))
+    for key, value in parse_overrides(extra).items():
         if key in values or _is_sweep(value):
             values[key] = _values(value)
     return values
@@ -142,12 +189,36 @@ def in_grid(run: Run, values: dict[str, list[str]]) -> bool:
     )
 
 
-def runs(repro: Reproduction, quick: bool, root: Path) -> list[Run]:
-    """The jobs of this NAME and budget, read back from the sweep's logs (only the current
-    grid's: after a change of the experiment's grid, older rows stay in summary.csv)."""
-    found = load_sweep(sweep_dir(root, repro.name, quick), task_overrides(repro, quick))
-    values = grid(repro, quick)
-    return [r for r in found if in_grid(r, values)]
+def runs(repro: Reproduction, quick: bool, root: Path, seeds: int | None = None) -> list[Run]:
+    """The jobs of this NAME and budget, read back from every grid's logs (only the current
+    grids' jobs: after a change of a grid, older rows stay in summary.csv but are not read)."""
+    found = []
+    budget = repro.budget(quick)
+    for g in repro.grids:
+        sweep = sweep_dir(root, repro.name, quick, g.name)
+        values = grid_values(g, budget, quick, seeds)
+        rows = load_sweep(sweep, task_overrides(g, budget, quick))
+        found += [r for r in rows if in_grid(r, values)]
+    return found
+
+
+def jobs_frame(runs: list[Run], arm: Callable[[Run], str]) -> pd.DataFrame:
+    """One row per job: arm, seed, status, error, wall time, reused, code version, overrides."""
+    rows = [
+        {
+            "arm": arm(r),
+            "seed": int(r.get("seed")),
+            "status": r.status,
+            "error": r.error,
+            "wall_time_s": r.wall_time_s,
+            "reused": r.reused,
+            "code_version": r.code_version,
+            "overrides": " ".join(f"{k}={v}" for k, v in r.overrides.items()),
+        }
+        for r in runs
+    ]
+    frame = pd.DataFrame(rows, columns=JOBS_COLUMNS)
+    return frame.sort_values(["arm", "seed"], kind="stable").reset_index(drop=True)
 
 
 def ensure_fid_lenet(repo: Path) -> None:

@@ -4,6 +4,9 @@ Every `every_n_steps` training steps, for each selected norm layer, logs
   norm/<layer>/in_mean, in_std    mean and std of the norm's input
   norm/<layer>/out_mean, out_std  the same for its output (the pre-activation)
   preact/<layer>/p15, p50, p85    percentiles of the pre-activation of one unit (channel `unit`)
+and with `all_units=True` also, for every unit k (index along dim 1: a channel or feature),
+  preact/<layer>/u<k:03d>/p15, p50, p85   its percentiles over all other dims of the batch
+(one torch.quantile call per layer; 3 metrics per unit, so 300 columns for a 100-unit layer).
 """
 
 from __future__ import annotations
@@ -22,15 +25,29 @@ def default_layers(model: nn.Module) -> list[str]:
     return [name for name, _ in model.named_modules() if name.rsplit(".", 1)[-1].startswith("norm")]
 
 
-class NormStats(pl.Callback):
-    """Log input/output moments of norm layers and pre-activation percentiles of one unit."""
+def unit_percentiles(y: torch.Tensor) -> torch.Tensor:
+    """(units, 3): the 15/50/85th percentiles of each unit (dim 1) of y over all its other dims."""
+    per_unit = y.transpose(0, 1).reshape(y.shape[1], -1)  # (C, N * ...)
+    return torch.quantile(per_unit, QUANTILES.to(y.device), dim=1).T  # (3, C) -> (C, 3)
 
-    def __init__(self, every_n_steps: int = 50, layers: list[str] | None = None, unit: int = 0):
+
+class NormStats(pl.Callback):
+    """Log input/output moments of norm layers and pre-activation percentiles of one/all units."""
+
+    def __init__(
+        self,
+        every_n_steps: int = 50,
+        layers: list[str] | None = None,
+        unit: int = 0,
+        all_units: bool = False,
+    ):
         self.every_n_steps = every_n_steps
         self.layers = layers
         self.unit = unit
+        self.all_units = all_units
         self._handles: list[Any] = []
         self._stats: dict[str, torch.Tensor] = {}
+        self._unit_stats: dict[str, torch.Tensor] = {}  # layer -> (units, 3) percentiles
 
     def _record(self, name: str):
         def hook(_module: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
@@ -39,6 +56,8 @@ class NormStats(pl.Callback):
             unit = y.select(1, self.unit) if y.ndim > 1 else y  # channel/feature `unit`
             q = torch.quantile(unit.flatten(), QUANTILES.to(unit.device))
             self._stats[name] = torch.stack([x.mean(), x.std(), y.mean(), y.std(), *q])
+            if self.all_units and y.ndim > 1:
+                self._unit_stats[name] = unit_percentiles(y)
 
         return hook
 
@@ -65,9 +84,14 @@ class NormStats(pl.Callback):
             for key, value in zip(keys, values.tolist(), strict=True):
                 group = "preact" if key.startswith("p") else "norm"
                 metrics[f"{group}/{name}/{key}"] = value
+        for name, units in self._unit_stats.items():
+            for k, values in enumerate(units.tolist()):
+                for key, value in zip(("p15", "p50", "p85"), values, strict=True):
+                    metrics[f"preact/{name}/u{k:03d}/{key}"] = value
         # straight to the trackers, at the step they were measured: through self.log they
         # would wait for Lightning's next flush (every log_every_n_steps)
         if metrics:
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=trainer.global_step - 1)
         self._stats = {}
+        self._unit_stats = {}

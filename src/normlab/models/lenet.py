@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from torch import nn
@@ -22,7 +22,9 @@ class LeNet(nn.Module):
     (C, H, W) as in the GN paper. `norm` normalizes the conv layers; `fc_norm` the fc layers:
     "auto" uses `norm` there too,
     except for a norm that needs spatial extent (instancenorm), which an fc layer lacks — those
-    layers then get no norm. An explicit fc_norm config is used as given.
+    layers then get no norm. An explicit fc_norm config is used as given. `channels` are the two
+    conv widths, LeNet-5's (6, 16) by default; (16, 32) leaves GroupNorm room for 4 groups of at
+    least 4 channels in both conv layers.
     """
 
     input_shape = (1, 28, 28)
@@ -33,8 +35,19 @@ class LeNet(nn.Module):
         fc_norm: Mapping[str, Any] | str = "auto",
         activation: str = "sigmoid",
         num_classes: int = 10,
+        channels: Sequence[int] = (6, 16),
     ):
         super().__init__()
+        is_list = isinstance(channels, Sequence) and not isinstance(channels, str)
+        widths = list(channels) if is_list else []  # Hydra's ListConfig is a Sequence
+        if len(widths) != 2 or not all(
+            isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in widths
+        ):
+            raise ConfigError(
+                f"model.net.channels={channels!r}: need exactly 2 positive integers "
+                "(the widths of conv1 and conv2), e.g. [6, 16]"
+            )
+        c1, c2 = widths
         if activation not in ACTIVATIONS:
             raise ConfigError(
                 f"model.net.activation={activation!r}: choose one of {list(ACTIVATIONS)}"
@@ -51,24 +64,24 @@ class LeNet(nn.Module):
             except ValueError as err:
                 raise ConfigError(f"{layer} ({features} features): {err}") from err
 
-        # ----- feature extractor: (B, 1, 28, 28) -> (B, 16, 4, 4)
+        # ----- feature extractor: (B, 1, 28, 28) -> (B, c1, 12, 12) -> (B, c2, 4, 4)
         self.features = nn.Sequential(
             OrderedDict(
-                conv1=nn.Conv2d(1, 6, kernel_size=5),
-                norm1=build(norm, 6, "features.norm1"),
+                conv1=nn.Conv2d(1, c1, kernel_size=5),
+                norm1=build(norm, c1, "features.norm1"),
                 act1=act(),
                 pool1=nn.AvgPool2d(2, 2),
-                conv2=nn.Conv2d(6, 16, kernel_size=5),
-                norm2=build(norm, 16, "features.norm2"),
+                conv2=nn.Conv2d(c1, c2, kernel_size=5),
+                norm2=build(norm, c2, "features.norm2"),
                 act2=act(),
                 pool2=nn.AvgPool2d(2, 2),
             )
         )
-        # ----- classifier: (B, 256) -> (B, num_classes); act4's output is the penultimate feature
+        # ----- classifier: (B, c2 * 4 * 4) -> (B, num_classes); act4's output: penultimate feature
         self.classifier = nn.Sequential(
             OrderedDict(
                 flatten=nn.Flatten(),
-                fc1=nn.Linear(16 * 4 * 4, 120),
+                fc1=nn.Linear(c2 * 4 * 4, 120),
                 norm3=build(fc_norm, 120, "classifier.norm3"),
                 act3=act(),
                 fc2=nn.Linear(120, 84),

@@ -1,13 +1,15 @@
-"""Batch normalization (Ioffe & Szegedy, 2015): hand-written backward, cross-process sync."""
+"""Batch normalization (Ioffe & Szegedy, 2015): hand-written backward, sync, ghost batches."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from normlab.norms.base import NormConfigError, channel_view
+from normlab.norms.base import NormConfigError, channel_view, check_positive_int
 from normlab.norms.running import RunningStatsNorm
 
 
@@ -93,7 +95,12 @@ class BatchNormFunction(torch.autograd.Function):
 
 
 class BatchNorm(RunningStatsNorm):
-    """Batch normalization over (N, C), (N, C, L) or (N, C, H, W): statistics over all but C."""
+    """Batch normalization over (N, C), (N, C, L) or (N, C, H, W): statistics over all but C.
+
+    `ghost_batch` (Ghost BN, Hoffer et al. 2017; the GN paper's per-GPU statistics on one
+    machine): batch statistics per consecutive slice of that many samples, and running
+    statistics updated with their average over slices, as data-parallel training would.
+    """
 
     family = "batchnorm"
     impls = ("fast", "reference", "manual")
@@ -108,8 +115,20 @@ class BatchNorm(RunningStatsNorm):
         track_running_stats: bool = True,
         impl: str = "fast",
         sync: bool = False,
+        ghost_batch: int | None = None,
     ) -> None:
         super().__init__(num_features, eps, momentum, affine, track_running_stats, impl, sync)
+        if ghost_batch is not None:
+            check_positive_int(self.family, "ghost_batch", ghost_batch)
+            if sync:
+                raise NormConfigError(
+                    f"{self.family}: ghost_batch cannot be combined with sync=True"
+                )
+        self.ghost_batch = ghost_batch
+
+    def extra_repr(self) -> str:
+        ghost = "" if self.ghost_batch is None else f", ghost_batch={self.ghost_batch}"
+        return super().extra_repr() + ghost
 
     def _reduce_dims(self, x: torch.Tensor) -> tuple[int, ...]:
         return (0, *range(2, x.dim()))
@@ -123,6 +142,58 @@ class BatchNorm(RunningStatsNorm):
             self._check_channels(x, self.num_features)
         else:
             super()._check_input(x)
+        if self._ghosting(x):
+            n, g = x.shape[0], self.ghost_batch
+            if n % g:
+                raise NormConfigError(
+                    f"{self.family}: batch size {n} is not a multiple of ghost_batch={g}, "
+                    f"got input of shape {tuple(x.shape)}"
+                )
+            values = g * math.prod(x.shape[2:])
+            if values <= 1:
+                mode = "in training" if self.training else "without running statistics"
+                raise NormConfigError(
+                    f"{self.family} {mode} needs more than 1 value per channel in each ghost "
+                    f"batch, got input of shape {tuple(x.shape)} with ghost_batch={g} "
+                    f"({values} value)"
+                )
+
+    def _ghosting(self, x: torch.Tensor) -> bool:
+        """Whether this call normalises each ghost batch by its own statistics."""
+        if self.ghost_batch is None or not self._use_batch_stats():
+            return False
+        return x.shape[:1] != (self.ghost_batch,)  # N == ghost_batch is plain BN
+
+    def _natural_forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self._ghosting(x):
+            return super()._natural_forward(x)
+        self._check_input(x)
+        factor = self._momentum_for_step()
+        y, mean, var_unbiased = self._normalize_ghost_batches(x)
+        if self._updates_running_stats():
+            self._update_running_stats(mean, var_unbiased, factor)
+        return y
+
+    def _normalize_ghost_batches(
+        self, x: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Ghost BN, every impl: return (y, mean, unbiased var), statistics one row per slice.
+
+        x viewed as (G, b, C, *S) with b = ghost_batch; mean and biased var per slice and
+        channel over dims (1, 3, ...) (the slice's samples and spatial positions), in at least
+        float32; y = (x - mean) / sqrt(var + eps) * weight + bias, autograd for the backward.
+        """
+        xs = x.unflatten(0, (-1, self.ghost_batch))
+        xs = xs.to(torch.promote_types(x.dtype, torch.float32))
+        dims = (1, *range(3, xs.dim()))
+        n = math.prod(xs.shape[d] for d in dims)
+        # two-pass, not mean_var's E[x^2] - E[x]^2, which cancels when a slice of few values
+        # has a variance far below its mean^2; both (G, 1, C, 1, ...), (G, C) after reshape
+        var, mean = torch.var_mean(xs, dims, correction=0, keepdim=True)
+        y = (xs - mean) * torch.rsqrt(var + self.eps)
+        if self.weight is not None:
+            y = y * channel_view(self.weight, x.dim()) + channel_view(self.bias, x.dim())
+        return y.flatten(0, 1).to(x.dtype), mean, var * (n / (n - 1))
 
     def _fast(self, x: torch.Tensor, factor: float) -> torch.Tensor:
         track = not self.training or self.track_running_stats

@@ -25,9 +25,12 @@ class ClassificationTask(Task):
         splits = ("fit", "val", "test")
         # no per-update input checks: labels come from the data module, logits from the net,
         # and a NaN loss is the divergence guard's to catch (its epoch mean is then NaN too)
-        self.accuracy = nn.ModuleDict({
-            s: MulticlassAccuracy(num_classes, average="micro", validate_args=False) for s in splits
-        })
+        self.accuracy = nn.ModuleDict(
+            {
+                s: MulticlassAccuracy(num_classes, average="micro", validate_args=False)
+                for s in splits
+            }
+        )
         self.mean_loss = nn.ModuleDict({s: MeanMetric(nan_strategy="disable") for s in splits})
         for metric in [*self.accuracy.values(), *self.mean_loss.values()]:
             metric.persistent(True)  # epoch aggregates survive a mid-epoch checkpoint

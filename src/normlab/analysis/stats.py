@@ -1,0 +1,87 @@
+"""Claims as measurements: a per-seed quantity, its 95% t-interval, and a three-way verdict.
+
+A claim holds when the whole interval lies on the paper's side of its threshold (inside the
+paper's region), does not hold when the whole interval lies outside it, and is undecided
+(within noise) otherwise. Ratios are averaged on the log scale (a geometric mean) and their
+interval exponentiated back.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats as scipy_stats
+
+LEVEL = 0.95
+HOLDS, FAILS = "holds", "does not hold"
+UNDECIDED = "undecided (within noise)"
+MISSING = "undecided (runs missing)"
+CI_METHOD = (
+    "95% Student-t interval of the mean over seeds (mean +- t(0.975, n-1) * sd / sqrt(n)); "
+    "ratios on the log scale (geometric mean), exponentiated back"
+)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Mean of n per-seed values and its 95% t-interval (NaN: n < 2 or a value not finite)."""
+
+    mean: float
+    low: float
+    high: float
+    n: int
+
+    @classmethod
+    def of(cls, values: Sequence[float], log: bool = False) -> Interval:
+        x = np.asarray(list(values), dtype=float)
+        n = len(x)
+        if log:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                x = np.log(x)
+        if n < 2 or not np.all(np.isfinite(x)):
+            mean = float(x.mean()) if n and np.all(np.isfinite(x)) else math.nan
+            back = math.exp(mean) if log and not math.isnan(mean) else mean
+            return cls(back, math.nan, math.nan, n)
+        mean, sem = float(x.mean()), float(x.std(ddof=1)) / math.sqrt(n)
+        half = float(scipy_stats.t.ppf(0.5 + LEVEL / 2, n - 1)) * sem
+        low, high = mean - half, mean + half
+        if log:
+            return cls(math.exp(mean), math.exp(low), math.exp(high), n)
+        return cls(mean, low, high, n)
+
+    @property
+    def known(self) -> bool:
+        return not (math.isnan(self.low) or math.isnan(self.high))
+
+
+def verdict(interval: Interval, region: tuple[float, float]) -> str:
+    """holds: the interval inside `region` (the paper's side); does not hold: wholly outside it."""
+    lo, hi = region
+    if not interval.known:
+        return MISSING
+    if lo <= interval.low and interval.high <= hi:
+        return HOLDS
+    if interval.high < lo or interval.low > hi:
+        return FAILS
+    return UNDECIDED
+
+
+def _num(x: float) -> str:
+    return f"{x:g}"
+
+
+def region_text(region: tuple[float, float]) -> tuple[str, str]:
+    """How the rule states the paper's side and the other side of a region."""
+    lo, hi = region
+    if math.isinf(hi):
+        return f"above {_num(lo)}", f"below {_num(lo)}"
+    if math.isinf(lo):
+        return f"below {_num(hi)}", f"above {_num(hi)}"
+    return f"inside [{_num(lo)}, {_num(hi)}]", f"outside [{_num(lo)}, {_num(hi)}]"
+
+
+ABOVE = math.inf  # readability: region=(2.0, ABOVE) is "above 2"
+BELOW = -math.inf

@@ -1,0 +1,68 @@
+"""What a sweep job is: its fully resolved config and the version of normlab's code.
+
+A finished job is reused only when both match the earlier run's (normlab.run.main): a changed
+experiment yaml, override or default and a changed line of training code all rerun it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+import normlab
+
+SRC = Path(normlab.__file__).resolve().parent
+# Code that never runs inside a training job: editing it must not rerun finished jobs.
+NOT_TRAINING_CODE = ("analysis",)
+# Keys that say where a job writes or reads, or how it was started, not what it computes.
+NOT_IDENTITY = ("paths", "ckpt_path")
+
+
+def _digest(text: str | bytes) -> str:
+    data = text.encode() if isinstance(text, str) else text
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def config_hash(cfg: DictConfig) -> str:
+    """A hash of the resolved config, where the run's own dirs are replaced by placeholders."""
+    tree: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
+    paths = tree.get("paths") or {}
+    text = json.dumps({k: v for k, v in tree.items() if k not in NOT_IDENTITY}, sort_keys=True)
+    for key in ("output_dir", "data_dir"):  # longest first would matter only for nested dirs
+        if paths.get(key):
+            text = text.replace(json.dumps(str(paths[key]))[1:-1], f"<{key}>")
+    return _digest(text)
+
+
+def code_version(conf_dir: Path | None) -> str:
+    """A hash of normlab's training code (src/normlab without analysis/) and of conf/."""
+    roots = [(SRC, "src"), *([(Path(conf_dir), "conf")] if conf_dir else [])]
+    hasher = hashlib.sha256()
+    for root, label in roots:
+        for path in sorted(root.rglob("*")):
+            rel = path.relative_to(root)
+            if not path.is_file() or "__pycache__" in rel.parts:
+                continue
+            if label == "src" and rel.parts[0] in NOT_TRAINING_CODE:
+                continue
+            if path.suffix not in (".py", ".yaml", ".cpp"):
+                continue
+            hasher.update(f"{label}/{rel.as_posix()}\0".encode())
+            hasher.update(path.read_bytes() + b"\0")
+    return hasher.hexdigest()[:16]
+
+
+def hydra_conf_dir() -> Path | None:
+    """The conf/ dir of the running Hydra app (None outside Hydra)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    for source in HydraConfig.get().runtime.config_sources:
+        if source.provider == "main" and source.schema == "file":
+            return Path(source.path)
+    return None
