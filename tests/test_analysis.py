@@ -10,14 +10,16 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from normlab.analysis import bn_lenet, gn_batch_size, report
-from normlab.analysis.logs import load_sweep, parse_overrides, pick, same_value
+from normlab.analysis import bn_lenet, gn_batch_size, report, stats
+from normlab.analysis.logs import Run, load_sweep, parse_overrides, pick, same_value
 from normlab.analysis.sweep import (
     Budget,
-    Reproduction,
+    Grid,
     command,
-    grid,
+    grid_values,
     in_grid,
+    jobs_frame,
+    seed_override,
     sweep_dir,
     task_overrides,
 )
@@ -60,84 +62,179 @@ def test_load_sweep_filters_by_overrides(gn_sweep: Path):
     assert load_sweep(gn_sweep, {"experiment": "bn_lenet"}) == []
 
 
-def test_gn_fixture_gives_the_expected_table(gn_sweep: Path):
-    result = gn_batch_size.analyze(load_sweep(gn_sweep))
-    errors = result.data.set_index(["run", "x"])["y"]
-    assert errors[("batchnorm", 32)] == pytest.approx(10.0)
-    assert errors[("batchnorm", 2)] == pytest.approx(30.0)
-    assert errors[("groupnorm", 2)] == pytest.approx(12.5)
-    verdicts = [c.holds for c in result.claims]
-    # BN +20 points: holds; GN within 0.5: holds; GN < BN at 2: holds; LN failed: undecided
-    assert verdicts == [True, True, True, None]
-    assert "10.0% -> 30.0% (+20.0)" in result.claims[0].ours
-
-
-def test_bn_fixture_speedup_accuracy_and_drift():
-    result = bn_lenet.analyze(load_sweep(FIXTURES / "bn_sweep"))
-    sigmoid = result.claims[:3]
-    assert "4x sooner (step 100 vs 400)" in sigmoid[0].ours
-    assert [c.holds for c in sigmoid] == [True, True, True]
-    assert sigmoid[1].ours == "test acc 0.870 (BN) vs 0.790 (none)"
-    # drift = p50 range / mean band width: BN 0.2 / 2.1, none 2.0 / 1.0
-    assert "0.0952 (BN) vs 2 (none)" in sigmoid[2].ours
-    assert all(c.holds is None for c in result.claims[3:])  # relu jobs are missing
-    bands = result.data[result.data["panel"] == "sigmoid/preact_none"]
-    assert list(bands[bands["y_name"] == "p50"]["y"]) == [0.0, -1.0, -2.0, 0.0]
-
-
-def test_write_produces_png_svg_csv_and_md(tmp_path: Path, gn_sweep: Path):
-    runs = load_sweep(gn_sweep)
-    paths = report.write(
-        gn_batch_size.analyze(runs), tmp_path, "gn_batch_size", "title", "cmd", "budget", runs, 1.0
-    )
-    assert all(p.is_file() and p.stat().st_size > 0 for p in paths.values())
-    text = paths["md"].read_text()
-    assert "| paper claim | paper's number | our number | holds? |" in text
-    assert "holds if BN's test error at the smallest batch is >= 2 points" in text
-    assert "RuntimeError: boom" in text
-    table = pd.read_csv(paths["csv"])
-    assert {"panel", "run", "x", "y"} <= set(table.columns)
-
-
 def test_claim_table_escapes_bars_in_cells():
-    claim = report.Claim("c", "||F(x)||", "1", True, "r")
+    claim = report.LegacyClaim("c", "||F(x)||", "1", True, "r")
     row = report.claims_markdown([claim]).splitlines()[2]
     assert row == "| c | \\|\\|F(x)\\|\\| | 1 | holds |"
 
 
-def _repro(quick: Budget) -> Reproduction:
-    return Reproduction(
-        "demo", "t", "gn_batch_size", Budget((), "full"), quick, gn_batch_size.analyze
+# ----- claims as measurements -------------------------------------------------------------------
+
+
+def test_t_interval_of_three_seeds_is_the_mean_plus_minus_t_times_the_standard_error():
+    i = stats.Interval.of([1.0, 2.0, 3.0])
+    # sd 1, n 3, t(0.975, 2) = 4.302653 (tables): half-width 4.302653 / sqrt(3) = 2.48414
+    assert (i.mean, i.n) == (2.0, 3)
+    assert i.low == pytest.approx(2.0 - 2.48414, abs=1e-5)
+    assert i.high == pytest.approx(2.0 + 2.48414, abs=1e-5)
+    ratio = stats.Interval.of([2.0, 8.0], log=True)  # geometric mean 4, CI symmetric in log
+    assert ratio.mean == pytest.approx(4.0)
+    assert ratio.low * ratio.high == pytest.approx(16.0)
+    assert not stats.Interval.of([1.0]).known  # one seed: no interval
+    assert not stats.Interval.of([1.0, math.inf, 2.0]).known
+
+
+@pytest.mark.parametrize(
+    ("values", "region", "expected"),
+    [
+        ([3.0, 3.1, 2.9], (2.0, stats.ABOVE), stats.HOLDS),
+        ([1.0, 1.1, 0.9], (2.0, stats.ABOVE), stats.FAILS),
+        ([1.0, 3.0, 2.0], (2.0, stats.ABOVE), stats.UNDECIDED),  # CI straddles 2
+        ([0.1, -0.1, 0.0], (-1.0, 1.0), stats.HOLDS),
+        ([3.0, 3.1, 2.9], (-1.0, 1.0), stats.FAILS),
+        ([-3.0, 3.0, 0.0], (-1.0, 1.0), stats.UNDECIDED),  # CI wider than the band on both sides
+        ([0.2, 0.3, 0.25], (stats.BELOW, 0.5), stats.HOLDS),
+        ([5.0], (0.0, stats.ABOVE), stats.MISSING),
+    ],
+)
+def test_verdict_holds_only_with_the_whole_interval_on_the_papers_side(values, region, expected):
+    assert stats.verdict(stats.Interval.of(values), region) == expected
+
+
+def test_claim_row_rule_and_verdict_say_what_the_code_tested():
+    claim = report.Claim("c", "2.3x", "steps ratio", [3.0, 4.0, 5.0], (2.0, stats.ABOVE), log=True)
+    row = claim.row()
+    assert set(row) == {"claim", "paper_number", "ours_mean", "ci_low", "ci_high", "n_seeds",
+                        "verdict", "rule"}  # fmt: skip
+    assert row["ours_mean"] == pytest.approx(60.0 ** (1 / 3))  # geometric mean
+    assert row["n_seeds"] == 3 and row["verdict"] == claim.verdict
+    assert "geometric mean" in row["rule"] and "wholly above 2" in row["rule"]
+    assert "wholly below 2" in row["rule"]
+    tie = report.Claim("t", "", "d", [1.0, -1.0, 0.5], (0.0, stats.ABOVE), undecided="tie")
+    assert tie.verdict == "tie" and tie.rule.endswith("otherwise tie")
+
+
+# ----- bn_lenet: logs -> runs.csv -> claims -------------------------------------------------------
+
+
+def _bn_run(net: str, norm: str, seed: int, acc: list[float], p50: list[list[float]]) -> Run:
+    """A finished job: held-out accuracy every 20 steps and every unit's percentiles."""
+    rows = [{"step": 20 * (i + 1) - 1, "val/acc": a} for i, a in enumerate(acc)]
+    for t, medians in enumerate(p50):  # band width 2 around each unit's median
+        row = {"step": 20 * t}
+        for k, m in enumerate(medians):
+            layer = "net.layers.norm3"
+            row |= {f"preact/{layer}/u{k:03d}/p15": m - 1, f"preact/{layer}/u{k:03d}/p50": m,
+                    f"preact/{layer}/u{k:03d}/p85": m + 1}  # fmt: skip
+        rows.append(row)
+    rows.append({"step": 20 * len(acc), "test/acc": acc[-1]})
+    experiment = "bn_mlp" if net == "mlp" else "bn_lenet"
+    return Run({"norm": norm, "experiment": experiment, "seed": str(seed)}, "ok", Path("."),
+               metrics=pd.DataFrame(rows))  # fmt: skip
+
+
+def test_bn_lenet_speedup_accuracy_and_drift_per_seed():
+    runs = []
+    for seed in range(3):
+        # no norm: best 0.8 at step 100 (x = 20 * 5); BN reaches 0.8 at step 20 + 20 * seed
+        plain = [0.1, 0.3, 0.5, 0.7, 0.8, 0.8]
+        bn = [0.5] * seed + [0.85] * (6 - seed)
+        # unit medians: no norm drifts by 4 (unit 0) and 2 (unit 1); BN by 0.4 and 0.2
+        runs += [
+            _bn_run("mlp", "none", seed, plain, [[0, 0], [2, 1], [4, 2]]),
+            _bn_run("mlp", "batchnorm", seed, bn, [[0, 0], [0.2, 0.1], [0.4, 0.2]]),
+        ]
+    data = bn_lenet.extract(runs)
+    assert set(data.columns) == set(report.RUNS_COLUMNS)
+    drift = data[data["metric"] == "drift"].set_index(["arm", "seed"])["value"]
+    assert drift[("mlp/none", 0)] == pytest.approx((4 / 2 + 2 / 2) / 2)  # mean over the units
+    result = bn_lenet.render(data)
+    mlp = [c for c in result.claims if c.claim.startswith("MLP")]
+    faster, accuracy, stable = mlp
+    assert faster.values == pytest.approx([5.0, 2.5, 100 / 60])  # steps 100 / (20, 40, 60)
+    assert accuracy.values == pytest.approx([5.0, 5.0, 5.0])  # points
+    assert accuracy.verdict == stats.HOLDS and stable.verdict == stats.HOLDS
+    assert faster.verdict == stats.UNDECIDED  # geometric mean 2.9, CI [0.69, 10.9] straddles 2
+    assert stable.values == pytest.approx([0.1, 0.1, 0.1])
+    lenet = [c for c in result.claims if c.claim.startswith("LeNet")]
+    assert all(c.verdict == stats.MISSING for c in lenet)  # no LeNet jobs
+
+
+# ----- gn_batch_size: logs -> runs.csv -> claims ----------------------------------------------
+
+
+def _gn_run(norm: str, b: int, seed: int, error: float, fixed: bool = False) -> Run:
+    overrides = {"norm": norm, "per_device": str(b), "seed": str(seed)}
+    if fixed:
+        overrides["batch"] = "256"
+    metrics = pd.DataFrame([{"step": 10, "test/acc": 1 - error / 100, "train/loss_epoch": 0.3}])
+    return Run(overrides, "ok", Path("."), metrics=metrics)
+
+
+def test_gn_batch_size_claims_from_paired_seeds():
+    noise = [0.0, 0.2, -0.2]
+    base = {"batchnorm": 10.0, "groupnorm": 12.0, "layernorm": 12.1, "instancenorm": 15.0}
+    runs = []
+    for seed, e in enumerate(noise):
+        for norm, err in base.items():
+            for b in (32, 16, 8, 4, 2):
+                # BN +10 points at b=2; GN +0.1 at b=2, +3 at b=4; others flat
+                rise = {"batchnorm": {2: 10.0}, "groupnorm": {2: 0.1, 4: 3.0}}.get(norm, {})
+                own = [0.5, -0.5, 0.1][seed] if norm == "layernorm" else 0.0  # not shared
+                runs.append(_gn_run(norm, b, seed, err + e + own + rise.get(b, 0.0)))
+        runs += [_gn_run("batchnorm", b, seed, 10.0 + e + (5.0 if b == 2 else 0.0), fixed=True)
+                 for b in (16, 8, 4, 2)]  # fmt: skip
+    runs.append(Run({"norm": "groupnorm", "per_device": "2", "seed": "3"}, "failed", Path(".")))
+    data = gn_batch_size.extract(runs)
+    assert len(data[data["metric"] == "test/error"]) == 3 * (4 * 5 + 4)  # failed job left out
+    claims = {c.claim: c for c in gn_batch_size.render(data).claims}
+    verdict = {k.split(" (")[0]: c.verdict for k, c in claims.items()}
+    assert verdict["BN's error rises by more than 2 points from 32 to 2 images per device"] == (
+        stats.HOLDS
     )
+    assert verdict["GN's error at b=2 stays within +-1 point of b=32"] == stats.HOLDS
+    assert verdict["GN's error at b=4 stays within +-1 point of b=32"] == stats.FAILS
+    assert verdict["GN's error is lower than BN's at b=2"] == stats.HOLDS
+    assert verdict["at b=32: BN's error is lower than GN's"] == stats.HOLDS
+    assert verdict["at b=32: GN's error is lower than LN's"] == "tie (within noise)"
+    assert verdict["at b=32: LN's error is lower than IN's"] == stats.HOLDS
+    fixed = next(c for k, c in claims.items() if k.startswith("with SGD's batch fixed"))
+    assert fixed.values == pytest.approx([5.0, 5.0, 5.0]) and fixed.verdict == stats.HOLDS
 
 
-def test_command_and_sweep_dirs(tmp_path: Path):
-    repro = _repro(Budget(("norm=batchnorm,groupnorm", "trainer.max_epochs=1"), "quick"))
-    assert sweep_dir(tmp_path, "demo", True) == tmp_path / "outputs/reproduce/demo-quick"
+# ----- sweeps of a reproduction ---------------------------------------------------------------
+
+
+def test_command_sweep_dirs_and_grid_values(tmp_path: Path):
+    grid = Grid(
+        "bn", "gn_batch_size", ("norm=batchnorm", "per_device=16,8"), quick=("per_device=2",)
+    )
+    budget = Budget(("trainer.max_epochs=1", "per_device=32,2"), "quick")
+    assert sweep_dir(tmp_path, "demo", True, "bn") == tmp_path / "outputs/reproduce/demo-quick/bn"
     assert sweep_dir(tmp_path, "demo", False) == tmp_path / "outputs/reproduce/demo"
-    cmd = command(repro, True, tmp_path / "s", jobs=2)
-    assert cmd[1:5] == ["train.py", "-m", "experiment=gn_batch_size", "norm=batchnorm,groupnorm"]
-    assert "hydra/launcher=joblib" in cmd and "hydra.launcher.n_jobs=2" in cmd
-    assert f"hydra.sweep.dir={tmp_path / 's'}" in cmd
-    assert not any(c.startswith("hydra/launcher") for c in command(repro, False, tmp_path, 1))
-    # jobs are found again by their fixed overrides; the swept ones differ per job
-    assert task_overrides(repro, True) == {
-        "experiment": "gn_batch_size",
+    cmd = command(grid, budget, True, tmp_path / "s", jobs=2, seeds=seed_override(2))
+    # a later value of a key replaces an earlier one, in the earlier one's place
+    assert cmd[1:8] == ["train.py", "-m", "experiment=gn_batch_size", "norm=batchnorm",
+                        "per_device=2", "trainer.max_epochs=1", "seed=0,1"]  # fmt: skip
+    assert "hydra/launcher=joblib" in cmd and f"hydra.sweep.dir={tmp_path / 's'}" in cmd
+    assert task_overrides(grid, budget, True) == {
+        "experiment": "gn_batch_size", "norm": "batchnorm", "per_device": "2",
         "trainer.max_epochs": "1",
-    }
+    }  # fmt: skip
+    values = grid_values(grid, budget, False, seeds=3)
+    assert values == {"per_device": ["32", "2"], "seed": ["0", "1", "2"]}
+    run = Run({"per_device": "2", "seed": "1", "norm": "batchnorm"}, "ok", tmp_path)
+    assert in_grid(run, values)
+    assert not in_grid(replace(run, overrides={**run.overrides, "per_device": "7"}), values)
+    assert not in_grid(replace(run, overrides={"per_device": "2"}), values)  # seed missing
+    with pytest.raises(ValueError):
+        seed_override(0)
 
 
-def test_only_jobs_of_the_current_grid_are_read_back(tmp_path: Path, gn_sweep: Path):
-    # the experiment's grid (norm x batch), narrowed by the budget's own sweep over batch
-    repro = _repro(Budget(("batch=32,2",), "quick"))
-    values = grid(repro, True)
-    assert values["batch"] == ["32", "2"] and "groupnorm" in values["norm"]
-    assert grid(repro, False)["batch"] == ["32", "16", "8", "4", "2"]
+def test_jobs_frame_has_one_row_per_job_with_its_identity(gn_sweep: Path):
     runs = load_sweep(gn_sweep)
-    assert runs and all(in_grid(r, values) for r in runs)
-    # rows an earlier grid of the same sweep dir left behind: another value, or a key missing
-    stale = [
-        replace(runs[0], overrides={**runs[0].overrides, "batch": "7"}),
-        replace(runs[0], overrides={"norm": "batchnorm", "experiment": "gn_batch_size"}),
-    ]
-    assert not any(in_grid(r, values) for r in stale)
+    for r in runs:
+        r.overrides["seed"] = "0"
+    jobs = jobs_frame(runs, lambda r: r.get("norm"))
+    assert list(jobs.columns) == report.JOBS_COLUMNS and len(jobs) == 5
+    assert jobs["error"].tolist().count("RuntimeError: boom") == 1

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from normlab.analysis.reproductions import REPRODUCTIONS
@@ -40,7 +42,7 @@ def test_unknown_name_fails_with_the_valid_ones(tmp_path: Path):
     assert done.returncode != 0 and "bn_lenet" in done.stderr and "gn_batch_size" in done.stderr
 
 
-@pytest.mark.parametrize("name", ["bn_lenet", "gn_batch_size", "rmsnorm_speed"])
+@pytest.mark.parametrize("name", ["bn_lenet", "bn_mlp", "gn_batch_size", "rmsnorm_speed"])
 def test_experiment_config_composes_with_its_sweep_grid(compose, tmp_path: Path, name: str):
     cfg = compose([f"experiment={name}"], tmp_path)
     from hydra.core.hydra_config import HydraConfig
@@ -51,40 +53,101 @@ def test_experiment_config_composes_with_its_sweep_grid(compose, tmp_path: Path,
     assert cfg.trainer.max_epochs >= 1
 
 
-@pytest.mark.parametrize(("batch", "lr"), [(32, 0.1), (8, 0.025), (2, 0.00625)])
-def test_gn_batch_size_scales_the_learning_rate_linearly(compose, tmp_path, batch, lr):
-    cfg = compose(["experiment=gn_batch_size", f"batch={batch}"], tmp_path)
+@pytest.mark.parametrize(
+    ("overrides", "batch", "lr", "ghost"),
+    [
+        (["per_device=32"], 256, 0.1, 32),
+        (["per_device=8"], 64, 0.025, 8),
+        (["per_device=2"], 16, 0.00625, 2),
+        (["per_device=2", "batch=256"], 256, 0.1, 2),  # the fixed-SGD-batch arm
+    ],
+)
+def test_gn_batch_size_has_8_virtual_devices_and_scales_the_lr_linearly(
+    compose, tmp_path, overrides, batch, lr, ghost
+):
+    cfg = compose(["experiment=gn_batch_size", "norm.ghost_batch=${per_device}", *overrides],
+                  tmp_path)  # fmt: skip
+    assert cfg.batch == batch and cfg.data.batch_size == batch
     assert cfg.optim.optimizer.lr == pytest.approx(lr)
+    assert cfg.norm.ghost_batch == ghost
+    assert list(cfg.model.net.channels) == [16, 32] and cfg.model.net.fc_norm == "none"
 
 
-def _rendered(root: Path, name: str) -> list[Path]:
-    figures = root / "outputs" / "figures" / "quick"
-    return [figures / f"{name}.{ext}" for ext in ("png", "svg", "csv", "md")]
+def test_bn_mlp_is_bn_lenet_with_the_papers_mlp(compose, tmp_path):
+    cfg = compose(["experiment=bn_mlp"], tmp_path)
+    assert cfg.model.net._target_ == "normlab.models.mlp.MLP"
+    assert list(cfg.model.net.hidden) == [100, 100, 100] and cfg.batch == 60
+    assert cfg.model.net.activation == "sigmoid" and cfg.trainer.val_check_interval == 20
+    assert cfg.callbacks.norm_stats.layers == ["net.layers.norm3"]
+
+
+SEEDED = [n for n, r in REPRODUCTIONS.items() if r.seeded]
+COMMITTED = [n for n in SEEDED if (REPO / "outputs" / "figures" / n / "runs.csv").is_file()]
+
+
+def test_the_seeded_reproductions_have_committed_evidence():
+    assert COMMITTED == SEEDED == ["bn_lenet", "gn_batch_size"]
+
+
+@pytest.mark.parametrize("name", COMMITTED)
+def test_redraw_rebuilds_the_committed_md_and_claims_from_runs_csv_alone(tmp_path, name):
+    figures = REPO / "outputs" / "figures"
+    shutil.copytree(figures / name, tmp_path / "outputs" / "figures" / name)
+    done = reproduce(name, "--redraw", root=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for suffix in (".md", ".claims.csv"):
+        ours = (tmp_path / "outputs" / "figures" / f"{name}{suffix}").read_bytes()
+        assert ours == (figures / f"{name}{suffix}").read_bytes(), suffix
+    assert (tmp_path / "outputs" / "figures" / f"{name}.png").stat().st_size > 0
+    assert not (tmp_path / "outputs" / "reproduce").exists()  # no training
+
+
+def test_readme_results_table_is_the_one_generated_from_the_claims_files():
+    from normlab.analysis.readme import current_section, section
+
+    assert current_section((REPO / "README.md").read_text()) == section(REPO)
+
+
+def test_redraw_without_runs_csv_fails_with_a_clear_message(tmp_path):
+    done = reproduce("bn_lenet", "--redraw", root=tmp_path)
+    assert done.returncode != 0 and "no " in done.stderr and "runs.csv" in done.stderr
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", CI_NAMES)
-def test_quick_render_from_a_fresh_outputs_dir_and_a_second_one_reuses_its_runs(
+def test_quick_run_writes_evidence_reuses_its_jobs_and_redraws_the_same_md(
     tmp_path: Path, name: str
 ):
     done = reproduce(name, "--quick", "--jobs", "2", root=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    for path in _rendered(tmp_path, name):
+    figures = tmp_path / "outputs" / "figures" / "quick"
+    files = [figures / f"{name}.{ext}" for ext in ("png", "svg", "md", "claims.csv")]
+    files += [figures / name / "runs.csv", figures / name / "jobs.csv"]
+    for path in files:
         assert path.is_file() and path.stat().st_size > 0, path
-    md = (tmp_path / "outputs" / "figures" / "quick" / f"{name}.md").read_text()
-    assert "| paper claim | paper's number | our number | holds? |" in md
-    assert "| ok |" in md  # every drawn job finished
+    md = (figures / f"{name}.md").read_text()
+    assert "| claim (as tested here) | paper | ours: mean [95% CI] | seeds | verdict |" in md
+    jobs = pd.read_csv(figures / name / "jobs.csv")
+    assert (jobs["status"] == "ok").all() and sorted(jobs["seed"].unique()) == [0, 1]
+    claims = pd.read_csv(figures / f"{name}.claims.csv")
+    assert (claims["n_seeds"] == 2).all()
 
-    # a second invocation re-draws from the same runs: no job re-executed, no new run dir
-    sweep = tmp_path / "outputs" / "reproduce" / f"{name}-quick"
-    logs = sorted(sweep.glob("*/csv/metrics.csv"))
-    assert len(logs) == 4
+    # a second invocation reuses every job (same config, same code) and draws the same md
+    logs = sorted((tmp_path / "outputs" / "reproduce").rglob("csv/metrics.csv"))
+    assert len(logs) == len(jobs)
     before = {p: p.stat().st_mtime_ns for p in logs}
     second = reproduce(name, "--quick", root=tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert (second.stderr + second.stdout).count("skipping finished job") == 4
+    assert (second.stderr + second.stdout).count("skipping finished job") == len(jobs)
     assert {p: p.stat().st_mtime_ns for p in logs} == before
-    assert sorted(sweep.glob("*/csv/metrics.csv")) == logs
+    reused = pd.read_csv(figures / name / "jobs.csv")
+    assert (reused["reused"] == 1).all()
+    md = (figures / f"{name}.md").read_bytes()
+    assert b"| yes |" in md and b"| no |" not in md
+    (figures / f"{name}.md").unlink()
+    redraw = reproduce(name, "--quick", "--redraw", root=tmp_path)  # from runs.csv, no logs
+    assert redraw.returncode == 0, redraw.stderr[-3000:]
+    assert (figures / f"{name}.md").read_bytes() == md
 
 
 @pytest.mark.slow
@@ -95,4 +158,5 @@ def test_quick_render_of_the_other_models(tmp_path: Path, name: str):
         pytest.skip(f"{name} needs {missing}")
     done = reproduce(name, "--quick", "--jobs", "2", root=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert all(p.is_file() for p in _rendered(tmp_path, name))
+    figures = tmp_path / "outputs" / "figures" / "quick"
+    assert all((figures / f"{name}.{ext}").is_file() for ext in ("png", "svg", "csv", "md"))

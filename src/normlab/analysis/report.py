@@ -42,6 +42,7 @@ class Claim:
     values: list[float]  # one value per seed (arms compared within a seed)
     region: tuple[float, float]  # where the paper's side lies: (2, ABOVE) is "above 2"
     log: bool = False  # a ratio: geometric mean, CI on the log scale
+    undecided: str = stats.UNDECIDED  # the verdict's words when the CI straddles the threshold
 
     @property
     def interval(self) -> stats.Interval:
@@ -49,7 +50,7 @@ class Claim:
 
     @property
     def verdict(self) -> str:
-        return stats.verdict(self.interval, self.region)
+        return stats.verdict(self.interval, self.region, self.undecided)
 
     @property
     def rule(self) -> str:
@@ -57,7 +58,7 @@ class Claim:
         mean = "geometric mean" if self.log else "mean"
         return (
             f"per seed: {self.quantity}. Holds if the 95% CI of its {mean} over seeds lies "
-            f"wholly {side}; does not hold if it lies wholly {other}; otherwise undecided"
+            f"wholly {side}; does not hold if it lies wholly {other}; otherwise {self.undecided}"
         )
 
     def ours(self) -> str:
@@ -188,7 +189,7 @@ def write(
 RUNS_COLUMNS = ["arm", "seed", "x", "metric", "value"]
 JOBS_COLUMNS = ["arm", "seed", "status", "error", "wall_time_s", "reused", "code_version",
                 "overrides"]  # fmt: skip
-FLOAT = "%.10g"  # every number written: stable text for byte-identical redraws
+FLOAT = "%.6g"  # every number written: stable text for byte-identical redraws
 
 
 def evidence_paths(out_dir: Path, name: str) -> dict[str, Path]:

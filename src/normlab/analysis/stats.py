@@ -18,7 +18,7 @@ from scipy import stats as scipy_stats
 LEVEL = 0.95
 HOLDS, FAILS = "holds", "does not hold"
 UNDECIDED = "undecided (within noise)"
-MISSING = "undecided (runs missing)"
+MISSING = "undecided (fewer than 2 seeds, or a value not finite)"
 CI_METHOD = (
     "95% Student-t interval of the mean over seeds (mean +- t(0.975, n-1) * sd / sqrt(n)); "
     "ratios on the log scale (geometric mean), exponentiated back"
@@ -57,8 +57,9 @@ class Interval:
         return not (math.isnan(self.low) or math.isnan(self.high))
 
 
-def verdict(interval: Interval, region: tuple[float, float]) -> str:
-    """holds: the interval inside `region` (the paper's side); does not hold: wholly outside it."""
+def verdict(interval: Interval, region: tuple[float, float], undecided: str = UNDECIDED) -> str:
+    """holds: the interval inside `region` (the paper's side); does not hold: wholly outside it;
+    otherwise `undecided`."""
     lo, hi = region
     if not interval.known:
         return MISSING
@@ -66,7 +67,7 @@ def verdict(interval: Interval, region: tuple[float, float]) -> str:
         return HOLDS
     if interval.high < lo or interval.low > hi:
         return FAILS
-    return UNDECIDED
+    return undecided
 
 
 def _num(x: float) -> str:

@@ -1,0 +1,91 @@
+"""A finished sweep job is reused only when its resolved config and training code are unchanged."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import REPO
+
+from normlab import identity
+
+TINY_SWEEP = [
+    "norm=none",
+    "seed=0",
+    "trainer.max_epochs=1",
+    "trainer.limit_train_batches=2",
+    "trainer.val_check_interval=1",
+    "trainer.limit_val_batches=1",
+    "trainer.limit_test_batches=1",
+]
+
+
+def _summary(sweep: Path) -> dict[str, str]:
+    with open(sweep / "summary.csv") as f:
+        (row,) = list(csv.DictReader(f))
+    return row
+
+
+def test_a_changed_experiment_yaml_reruns_the_finished_job(tmp_path: Path):
+    repo = tmp_path / "repo"  # a copy of the repo's entry point and configs
+    shutil.copytree(REPO / "conf", repo / "conf")
+    shutil.copy(REPO / "train.py", repo / "train.py")
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, "train.py", "-m", "experiment=bn_lenet", *TINY_SWEEP,
+           f"hydra.sweep.dir={sweep}"]  # fmt: skip
+
+    def run() -> str:
+        done = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout + done.stderr
+
+    run()
+    first = _summary(sweep)
+    assert first["status"] == "ok" and first["reused"] == "0"
+    metrics = next(sweep.rglob("metrics.csv"))
+    mtime = metrics.stat().st_mtime_ns
+
+    out = run()  # nothing changed: reused, not run
+    assert "skipping finished job" in out
+    assert metrics.stat().st_mtime_ns == mtime
+    assert _summary(sweep)["reused"] == "1"
+
+    yaml = repo / "conf" / "experiment" / "bn_lenet.yaml"
+    text = yaml.read_text()
+    assert "    lr: 0.1 " in text
+    yaml.write_text(text.replace("    lr: 0.1 ", "    lr: 0.05 "))
+    out = run()  # one value changed: the same overrides, another job
+    assert "skipping finished job" not in out
+    assert "changed (config_hash, code_version): running it again" in out
+    assert metrics.stat().st_mtime_ns != mtime
+    third = _summary(sweep)
+    assert third["reused"] == "0" and third["status"] == "ok"
+    assert third["config_hash"] != first["config_hash"]
+    assert third["code_version"] != first["code_version"]
+
+
+def test_config_hash_ignores_the_run_dir_and_sees_every_value(compose, tmp_path: Path):
+    a = identity.config_hash(compose(["norm=groupnorm"], tmp_path / "a"))
+    b = identity.config_hash(compose(["norm=groupnorm"], tmp_path / "b"))
+    c = identity.config_hash(compose(["norm=groupnorm", "norm.eps=1e-6"], tmp_path / "a"))
+    assert a == b != c
+
+
+def test_code_version_covers_training_code_and_conf_but_not_analysis(tmp_path, monkeypatch):
+    src = Path(shutil.copytree(identity.SRC, tmp_path / "normlab"))
+    conf = Path(shutil.copytree(REPO / "conf", tmp_path / "conf"))
+    monkeypatch.setattr(identity, "SRC", src)
+    before = identity.code_version(conf)
+    with open(src / "analysis" / "report.py", "a") as f:
+        f.write("\n# a figure's wording\n")
+    assert identity.code_version(conf) == before  # analysis never runs inside a job
+    with open(src / "norms" / "batchnorm.py", "a") as f:
+        f.write("\n# a change\n")
+    after_src = identity.code_version(conf)
+    assert after_src != before
+    with open(conf / "norm" / "batchnorm.yaml", "a") as f:
+        f.write("\n# a change\n")
+    assert identity.code_version(conf) != after_src
