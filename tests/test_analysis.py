@@ -36,6 +36,10 @@ def gn_sweep(tmp_path: Path) -> Path:
 def test_parse_overrides_keeps_dotted_keys_and_values_as_text():
     parsed = parse_overrides("model.net.activation=relu batch=32 +tags=[a,b]")
     assert parsed == {"model.net.activation": "relu", "batch": "32", "tags": "[a,b]"}
+    # Hydra's record of an interpolation override: norm.ghost_batch=${per_device}
+    assert parse_overrides("norm.ghost_batch=$\\{per_device\\}") == {
+        "norm.ghost_batch": "${per_device}"
+    }
 
 
 def test_same_value_accepts_hydras_spelling_of_a_value():

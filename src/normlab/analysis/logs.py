@@ -19,7 +19,8 @@ def parse_overrides(text: str) -> dict[str, str]:
     pairs = {}
     for item in text.split():
         key, _, value = item.partition("=")
-        pairs[key.lstrip("+~")] = value
+        # Hydra records an interpolation given as an override escaped: ${b} as $\{b\}
+        pairs[key.lstrip("+~")] = value.replace("\\{", "{").replace("\\}", "}")
     return pairs
 
 

@@ -145,6 +145,24 @@ def runs_markdown(runs: list[Run]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _figure_and_header(
+    result: Result, paths: dict[str, Path], name: str, title: str, command: str, budget: str
+) -> list[str]:
+    """Save the figure (png, svg without a date: the same figure gives the same file) and
+    return the md's first lines."""
+    result.figure.savefig(paths["png"], dpi=120, bbox_inches="tight")
+    result.figure.savefig(paths["svg"], bbox_inches="tight", metadata={"Date": None})
+    plt.close(result.figure)
+    return [
+        f"# {name}: {title}",
+        "",
+        f"![{name}]({name}.png)",
+        "",
+        f"Command: `{command}`  ",
+        f"Budget: {budget}  ",
+    ]
+
+
 def write(
     result: Result,
     out_dir: Path,
@@ -158,18 +176,8 @@ def write(
     """Write NAME.png, NAME.svg, NAME.csv and NAME.md into out_dir; return their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {ext: out_dir / f"{name}.{ext}" for ext in ("png", "svg", "csv", "md")}
-    result.figure.savefig(paths["png"], dpi=120, bbox_inches="tight")
-    result.figure.savefig(paths["svg"], bbox_inches="tight")
-    plt.close(result.figure)
+    text = _figure_and_header(result, paths, name, title, command, budget)
     result.data.to_csv(paths["csv"], index=False)
-    text = [
-        f"# {name}: {title}",
-        "",
-        f"![{name}]({name}.png)",
-        "",
-        f"Command: `{command}`  ",
-        f"Budget: {budget}  ",
-    ]
     if wall_time_s is not None:  # short when the jobs were reused from an earlier invocation
         text.append(f"Wall time of this invocation: {wall_time_s:.0f} s  ")
     job_times = [r.wall_time_s for r in runs if r.wall_time_s is not None]
@@ -237,21 +245,13 @@ def write_evidence(
     """Write NAME.png, .svg, .md and .claims.csv from an analysed runs.csv (no run logs read)."""
     paths = evidence_paths(out_dir, name)
     out_dir.mkdir(parents=True, exist_ok=True)
-    result.figure.savefig(paths["png"], dpi=120, bbox_inches="tight")
-    result.figure.savefig(paths["svg"], bbox_inches="tight", metadata={"Date": None})
-    plt.close(result.figure)
+    text = _figure_and_header(result, paths, name, title, command, budget)
     claims = pd.DataFrame([c.row() for c in result.claims])
     claims.to_csv(paths["claims"], index=False, float_format=FLOAT)
     seeds = sorted({int(s) for s in jobs["seed"]})
     times = jobs["wall_time_s"].dropna()
     versions = sorted({str(v) for v in jobs["code_version"].dropna()})
-    text = [
-        f"# {name}: {title}",
-        "",
-        f"![{name}]({name}.png)",
-        "",
-        f"Command: `{command}`  ",
-        f"Budget: {budget}  ",
+    text += [
         f"Seeds: {', '.join(map(str, seeds))} for every arm (a seed sets the init, the data order "
         "and the training subset; arms compared within a seed share all three)  ",
         f"Jobs: {len(jobs)}, {int((jobs['status'] == 'ok').sum())} ok; their own wall time "
