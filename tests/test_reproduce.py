@@ -56,10 +56,10 @@ def test_experiment_config_composes_with_its_sweep_grid(compose, tmp_path: Path,
 @pytest.mark.parametrize(
     ("overrides", "batch", "lr", "ghost"),
     [
-        (["per_device=32"], 256, 0.1, 32),
-        (["per_device=8"], 64, 0.025, 8),
-        (["per_device=2"], 16, 0.00625, 2),
-        (["per_device=2", "batch=256"], 256, 0.1, 2),  # the fixed-SGD-batch arm
+        (["per_device=32"], 256, 0.4, 32),
+        (["per_device=8"], 64, 0.1, 8),
+        (["per_device=2"], 16, 0.025, 2),
+        (["per_device=2", "batch=256"], 256, 0.4, 2),  # the fixed-SGD-batch arm
     ],
 )
 def test_gn_batch_size_has_8_virtual_devices_and_scales_the_lr_linearly(

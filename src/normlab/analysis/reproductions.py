@@ -46,9 +46,9 @@ REPRODUCTIONS: dict[str, Reproduction] = {
             grids=(Grid("lenet", "bn_lenet"), Grid("mlp", "bn_mlp")),
             full=Budget(
                 (),
-                "2 networks (LeNet, the BN paper's 3x100 MLP; sigmoid) x BN / none x 3 seeds: "
+                "2 networks (LeNet, the BN paper's 3x100 MLP; sigmoid) x BN / none, per seed: "
                 "LeNet 2,700 and MLP 4,500 SGD steps of 60 images, held-out accuracy every 20 "
-                "steps on 2,000 images",
+                "steps on 2,000 images; run with --seeds 5 (3 left the speedup undecided)",
             ),
             quick=Budget(
                 (
@@ -56,7 +56,7 @@ REPRODUCTIONS: dict[str, Reproduction] = {
                     "trainer.limit_train_batches=40",
                     "trainer.limit_test_batches=2",
                 ),
-                "2 networks x BN / none x 2 seeds, 80 steps",
+                "2 networks x BN / none, per seed: 80 steps",
             ),
             arm=bn_lenet.arm,
             extract=bn_lenet.extract,
@@ -81,9 +81,9 @@ REPRODUCTIONS: dict[str, Reproduction] = {
             ),
             full=Budget(
                 (),
-                "4 norms x 5 per-device batches (32..2, 8 virtual devices, lr 0.1 x 8b/256) "
-                "+ BN at a fixed SGD batch of 256 x 4 batches, x 3 seeds: 72 jobs of one epoch "
-                "(55k images) each",
+                "4 norms x 5 per-device batches (32..2, 8 virtual devices, lr 0.4 x 8b/256) "
+                "+ BN at a fixed SGD batch of 256 x 4 batches, per seed: 24 jobs of 2 epochs "
+                "(110k images) each",
             ),
             quick=Budget(
                 (
@@ -93,7 +93,7 @@ REPRODUCTIONS: dict[str, Reproduction] = {
                     "trainer.limit_val_batches=1",
                     "trainer.limit_test_batches=2",
                 ),
-                "4 norms x per-device 32, 2 + BN fixed at 2, x 2 seeds, 1.1k images a job",
+                "4 norms x per-device 32, 2 + BN fixed at 2, per seed: 9 jobs of 1.1k images",
             ),
             arm=gn_batch_size.arm,
             extract=gn_batch_size.extract,
