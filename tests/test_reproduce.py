@@ -56,10 +56,10 @@ def test_experiment_config_composes_with_its_sweep_grid(compose, tmp_path: Path,
 @pytest.mark.parametrize(
     ("overrides", "batch", "lr", "ghost"),
     [
-        (["per_device=32"], 256, 0.4, 32),
-        (["per_device=8"], 64, 0.1, 8),
-        (["per_device=2"], 16, 0.025, 2),
-        (["per_device=2", "batch=256"], 256, 0.4, 2),  # the fixed-SGD-batch arm
+        (["per_device=32"], 256, 0.2, 32),
+        (["per_device=8"], 64, 0.05, 8),
+        (["per_device=2"], 16, 0.0125, 2),
+        (["per_device=2", "batch=256"], 256, 0.2, 2),  # the fixed-SGD-batch arm
     ],
 )
 def test_gn_batch_size_has_8_virtual_devices_and_scales_the_lr_linearly(
@@ -70,6 +70,7 @@ def test_gn_batch_size_has_8_virtual_devices_and_scales_the_lr_linearly(
     assert cfg.batch == batch and cfg.data.batch_size == batch
     assert cfg.optim.optimizer.lr == pytest.approx(lr)
     assert cfg.norm.ghost_batch == ghost
+    assert cfg.optim.warmup_steps == 12800 // batch  # the same warmup images at every b
     assert list(cfg.model.net.channels) == [16, 32] and cfg.model.net.fc_norm == "none"
 
 

@@ -39,6 +39,8 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("normlab.mul", lambda a, b: a * b)
     if not OmegaConf.has_resolver("normlab.div"):  # linear lr scaling: lr x batch / 256
         OmegaConf.register_new_resolver("normlab.div", lambda a, b: a / b)
+    if not OmegaConf.has_resolver("normlab.floordiv"):  # warmup steps = warmup images // batch
+        OmegaConf.register_new_resolver("normlab.floordiv", lambda a, b: a // b)
     if not OmegaConf.has_resolver("normlab.ddp_backend"):
         OmegaConf.register_new_resolver(
             "normlab.ddp_backend", lambda acc: "nccl" if acc in ("gpu", "cuda") else "gloo"

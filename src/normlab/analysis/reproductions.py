@@ -81,7 +81,7 @@ REPRODUCTIONS: dict[str, Reproduction] = {
             ),
             full=Budget(
                 (),
-                "4 norms x 5 per-device batches (32..2, 8 virtual devices, lr 0.4 x 8b/256) "
+                "4 norms x 5 per-device batches (32..2, 8 virtual devices, lr 0.2 x 8b/256) "
                 "+ BN at a fixed SGD batch of 256 x 4 batches, per seed: 24 jobs of 2 epochs "
                 "(110k images) each",
             ),
