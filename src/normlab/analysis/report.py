@@ -9,6 +9,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
+matplotlib.rcParams["svg.hashsalt"] = "normlab"  # the same figure gives the same svg ids
 
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
