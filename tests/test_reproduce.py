@@ -96,7 +96,7 @@ def test_redraw_rebuilds_the_committed_md_and_claims_from_runs_csv_alone(tmp_pat
     shutil.copytree(figures / name, tmp_path / "outputs" / "figures" / name)
     done = reproduce(name, "--redraw", root=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    for suffix in (".md", ".claims.csv"):
+    for suffix in (".md", ".claims.csv", ".svg"):
         ours = (tmp_path / "outputs" / "figures" / f"{name}{suffix}").read_bytes()
         assert ours == (figures / f"{name}{suffix}").read_bytes(), suffix
     assert (tmp_path / "outputs" / "figures" / f"{name}.png").stat().st_size > 0
