@@ -27,7 +27,12 @@ from normlab.analysis.readme import update_readme
 from normlab.analysis.reproductions import REPRODUCTIONS
 
 REPO = Path(__file__).resolve().parents[1]
+DEFAULT_SEEDS = 3  # --seeds when not given
 QUICK_SEEDS = 2  # --quick: the least that gives an interval
+
+
+def default_seeds(quick: bool) -> int:
+    return QUICK_SEEDS if quick else DEFAULT_SEEDS
 
 
 def list_names() -> str:
@@ -48,7 +53,7 @@ def list_names() -> str:
 def command_text(name: str, quick: bool, seeds: int | None) -> str:
     """The command a figure's md shows."""
     cmd = f"python scripts/reproduce.py {name}"
-    if seeds is not None and seeds != (QUICK_SEEDS if quick else 3):
+    if seeds is not None and seeds != default_seeds(quick):
         cmd += f" --seeds {seeds}"
     return cmd + (" --quick" if quick else "")
 
@@ -77,10 +82,10 @@ def reproduce(name: str, quick: bool, jobs: int, root: Path, seeds: int | None) 
     missing = repro.missing()
     if missing:
         raise SystemExit(f"{name}: needs conf/{', conf/'.join(missing)} (not there yet)")
-    if repro.seeded and seeds is None:
-        seeds = QUICK_SEEDS if quick else 3
     if not repro.seeded:
         seeds = None
+    elif seeds is None:
+        seeds = default_seeds(quick)
     seconds = sweep.run(repro, quick, root, jobs, seeds)
     runs = sweep.runs(repro, quick, root, seeds)
     if not runs:
@@ -115,7 +120,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--root", type=Path, default=REPO, help="where outputs/ goes")
     parser.add_argument("--list", action="store_true", help="print names and budgets")
     parser.add_argument(
-        "--seeds", type=int, default=None, help=f"seeds per arm (default 3; {QUICK_SEEDS} quick)"
+        "--seeds",
+        type=int,
+        default=None,
+        help=f"seeds per arm (default {DEFAULT_SEEDS}; {QUICK_SEEDS} quick)",
     )
     parser.add_argument(
         "--redraw", action="store_true", help="redraw from the committed runs.csv, no training"
