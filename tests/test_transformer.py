@@ -13,11 +13,12 @@ import torch
 import torch.nn.functional as F
 from conftest import REPO, TINY
 
-from normlab.callbacks.grad_norms import block_grad_norms
+from normlab.callbacks.grad_norms import GradAtInit, block_grad_norms
 from normlab.data.shakespeare import ShakespeareDataModule
 from normlab.errors import ConfigError, DataError
 from normlab.models.transformer import GPT
 from normlab.norms.residual import available_placements, deepnorm_constants
+from normlab.tasks.language_model import LanguageModelTask
 
 LAYERNORM = {"name": "layernorm", "eps": 1e-5, "elementwise_affine": True, "bias": True}
 DATA_ROOT = Path(os.environ["NORMLAB_DATA"])
@@ -95,6 +96,30 @@ def test_grad_norm_at_init_grows_with_depth_for_post_ln_only():
         ratios[placement] = norms[-1] / norms[0]
     assert ratios["post"] > 1.2, ratios
     assert ratios["pre"] < 0.8, ratios
+
+
+@pytest.mark.parametrize("placement", ["post", "pre"])
+def test_grad_at_init_is_the_mean_over_batches_of_each_blocks_w2_gradient_norm(placement):
+    task = LanguageModelTask(gpt(placement, depth=3), {"optimizer": None})
+    data = ShakespeareDataModule(str(DATA_ROOT), batch_size=4, ctx=16, val_batches=1, seed=7)
+    data.setup()
+    by_hand = torch.zeros(3, dtype=torch.float64)
+    for x, y in list(data.train_dataloader())[:3]:  # the first 3 batches, one at a time
+        task.zero_grad()
+        F.cross_entropy(task.net(x).flatten(0, 1), y.flatten()).backward()
+        by_hand += torch.tensor([float(b.mlp.sublayer.fc2.weight.grad.norm())
+                                 for b in task.net.blocks])  # fmt: skip
+    task.zero_grad(set_to_none=True)
+    rng = torch.random.get_rng_state()
+    task.eval()
+    norms = GradAtInit(batches=3).norms(task, data.train_dataloader())
+    assert norms == pytest.approx((by_hand / 3).tolist(), rel=1e-5)
+    assert all(p.grad is None for p in task.parameters())  # no gradient left behind
+    assert torch.equal(torch.random.get_rng_state(), rng) and not task.training  # mode restored
+    with pytest.raises(ValueError, match="has 3"):
+        GradAtInit(batches=4).norms(task, list(data.train_dataloader())[:3])
+    with pytest.raises(ValueError, match="> 0"):
+        GradAtInit(batches=0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -195,6 +220,30 @@ def test_overrides_reach_the_model(compose, tmp_path):
     assert len(task.net.blocks) == 6 and cfg.optim.warmup_steps == 0
     assert type(task.net.blocks[0].attn.norm).__name__ == "RMSNorm"
     assert train(cfg)["status"] == "ok"
+
+
+def test_ln_placement_init_logs_w2_gradients_at_init_of_its_seed_without_a_step(compose, tmp_path):
+    import lightning.pytorch as pl
+    from hydra.utils import instantiate
+
+    from normlab.run import train
+
+    overrides = ["experiment=ln_placement_init", "placement=post", "model.net.depth=3", "seed=3"]
+    overrides += ["batch=4", "callbacks.grad_at_init.batches=2"]
+    cfg = compose(overrides, tmp_path)
+    assert train(cfg)["status"] == "ok"
+    (row,) = read_metrics(tmp_path)  # one row: step 0, nothing trained, nothing validated
+    assert row["step"] == "0" and set(row) == {"step"} | {
+        f"grad_init/block_{i:02d}/w2" for i in range(3)
+    }
+    pl.seed_everything(3)  # the seed sets the init and (data.seed) the batches
+    task = instantiate(cfg.model)
+    data = instantiate(cfg.data, ctx=task.net.ctx)
+    data.setup()
+    assert data.seed == 3
+    expected = GradAtInit(batches=2).norms(task, data.train_dataloader())
+    logged = [float(row[f"grad_init/block_{i:02d}/w2"]) for i in range(3)]
+    assert logged == pytest.approx(expected, rel=1e-5)
 
 
 def test_multirun_records_diverged_job(tmp_path):

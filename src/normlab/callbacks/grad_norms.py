@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import lightning.pytorch as pl
 import torch
 
@@ -39,3 +41,54 @@ class GradNorms(pl.Callback):
         # log_every_n_steps cadence, which can skip step 0.
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
+
+
+class GradAtInit(pl.Callback):
+    """Log grad_init/block_XX/<name> at step 0: each block's ||dL/dW|| for one weight matrix W,
+    averaged over the first `batches` training batches of the model at init (Xiong et al. 2020,
+    Fig. 3: W2, the FFN's second matrix).
+
+    At fit start, before any step: forward and backward of each batch on the untrained model in
+    training mode (no optimizer step in between). The gradients go to torch.autograd.grad, not
+    to .grad, and the torch RNG is forked, so training afterwards is the same with or without
+    this callback. The batches come from the datamodule's train loader (epoch 0): the data
+    seed picks them.
+    """
+
+    def __init__(
+        self,
+        batches: int = 32,
+        blocks: str = "net.blocks",
+        weight: str = "mlp.sublayer.fc2.weight",
+        name: str = "w2",
+    ) -> None:
+        if batches <= 0:
+            raise ValueError(f"callbacks.grad_at_init.batches must be > 0, got {batches}")
+        self.batches, self.blocks, self.weight, self.name = batches, blocks, weight, name
+
+    def norms(self, pl_module: pl.LightningModule, loader) -> list[float]:
+        """Mean over `batches` batches of each block's ||dL/dW||."""
+        weights = [b.get_parameter(self.weight) for b in pl_module.get_submodule(self.blocks)]
+        total = torch.zeros(len(weights), dtype=torch.float64)
+        seen, was_training = 0, pl_module.training
+        pl_module.train()
+        with torch.random.fork_rng(devices=[]):
+            for batch in itertools.islice(loader, self.batches):
+                batch = pl_module.transfer_batch_to_device(batch, pl_module.device, 0)
+                grads = torch.autograd.grad(pl_module.loss(batch), weights)
+                total += torch.stack([g.double().norm().cpu() for g in grads])
+                seen += 1
+        pl_module.train(was_training)
+        if seen < self.batches:
+            raise ValueError(
+                f"callbacks.grad_at_init.batches={self.batches} but the train loader has {seen}"
+            )
+        return (total / seen).tolist()
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.ckpt_path is not None:  # a resumed run is not at its initialization
+            return
+        norms = self.norms(pl_module, trainer.datamodule.train_dataloader())
+        metrics = {f"grad_init/block_{i:02d}/{self.name}": v for i, v in enumerate(norms)}
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=0)

@@ -22,17 +22,18 @@ class LanguageModelTask(Task):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.net(idx)  # (B, T, V)
 
-    def _loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """Mean next-character cross-entropy of a batch (nothing logged)."""
         x, y = batch  # (B, T), (B, T)
         logits = self(x)  # (B, T, V)
         return F.cross_entropy(logits.flatten(0, 1), y.flatten())
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int):
-        loss = self._loss(batch)
+        loss = self.loss(batch)
         self.log_step("train/loss", loss)
         return loss
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        loss = self._loss(batch)
+        loss = self.loss(batch)
         self.log("val/loss", loss, on_epoch=True, prog_bar=True, sync_dist=True)
         self.log("val/bpc", loss / math.log(2), on_epoch=True, sync_dist=True)
