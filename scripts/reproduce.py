@@ -25,6 +25,7 @@ import pandas as pd
 from normlab.analysis import report, sweep
 from normlab.analysis.readme import update_readme
 from normlab.analysis.reproductions import REPRODUCTIONS
+from normlab.analysis.sweep import Reproduction
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SEEDS = 3  # --seeds when not given
@@ -58,6 +59,15 @@ def command_text(name: str, quick: bool, seeds: int | None) -> str:
     return cmd + (" --quick" if quick else "")
 
 
+def seeds_given(repro: Reproduction, jobs: pd.DataFrame, quick: bool) -> int:
+    """The --seeds behind a jobs.csv: the most seeds an arm ran, arms of a grid that keeps its own
+    count aside (unless every arm ran that many)."""
+    counts = jobs.groupby("arm")["seed"].nunique()
+    own = [] if quick else [g.seeds for g in repro.grids if g.seeds is not None]
+    free = counts[~counts.isin(own)]
+    return int((free if len(free) else counts).max())
+
+
 def redraw(name: str, quick: bool, root: Path) -> dict[str, Path]:
     """Draw NAME's figure, md and claims from its runs.csv and jobs.csv alone."""
     repro = REPRODUCTIONS[name]
@@ -69,7 +79,7 @@ def redraw(name: str, quick: bool, root: Path) -> dict[str, Path]:
         raise SystemExit(f"{name}: no {paths['runs']} to redraw from (run it first)")
     data = pd.read_csv(paths["runs"])
     jobs = pd.read_csv(paths["jobs"], keep_default_na=False, na_values={"wall_time_s": [""]})
-    seeds = jobs["seed"].nunique()
+    seeds = seeds_given(repro, jobs, quick)
     return report.write_evidence(
         repro.render(data), out, name, repro.title, command_text(name, quick, seeds),
         repro.budget(quick).text, jobs,

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import math
 import shutil
+import subprocess
 from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from normlab.analysis import bn_lenet, gn_batch_size, report, stats
+from normlab import summary
+from normlab.analysis import bn_lenet, gn_batch_size, report, stats, sweep
 from normlab.analysis.logs import Run, load_sweep, parse_overrides, pick, same_value
 from normlab.analysis.sweep import (
     Budget,
     Grid,
+    Reproduction,
     command,
     grid_values,
     in_grid,
@@ -116,6 +119,33 @@ def test_claim_row_rule_and_verdict_say_what_the_code_tested():
     assert "wholly below 2" in row["rule"]
     tie = report.Claim("t", "", "d", [1.0, -1.0, 0.5], (0.0, stats.ABOVE), undecided="tie")
     assert tie.verdict == "tie" and tie.rule.endswith("otherwise tie")
+
+
+def test_any_claim_holds_if_a_part_holds_and_fails_only_if_every_part_fails():
+    def part(values: list[float]) -> report.Claim:
+        return report.Claim("c", "p", "q", values, (0.05, stats.ABOVE))
+
+    holds, undecided, fails = part([0.5, 0.6, 0.7]), part([0.0, 0.2, 0.1]), part([-1, -1.1, -0.9])
+    stronger = part([0.9, 1.0, 1.1])
+    claim = report.AnyClaim("any", "p", {"a": fails, "b": holds, "c": undecided, "d": stronger})
+    assert claim.verdict == stats.HOLDS and claim.deciding == "d"  # furthest above 0.05
+    assert claim.ours() == f"{stronger.ours()} (d)" and claim.row()["ci_low"] == pytest.approx(
+        stronger.interval.low
+    )
+    assert "any of a, b, c, d" in claim.rule and "no correction for testing 4" in claim.rule
+    mixed = report.AnyClaim("any", "p", {"a": fails, "c": undecided})
+    assert mixed.verdict == stats.UNDECIDED and mixed.deciding == "c"
+    assert report.AnyClaim("any", "p", {"a": fails, "b": fails}).verdict == stats.FAILS
+    none = report.AnyClaim("any", "p", {"a": part([1.0])})
+    assert none.verdict == stats.MISSING and none.row()["n_seeds"] == 1
+
+
+def test_seeds_text_lists_the_seeds_per_group_of_arms():
+    same = pd.DataFrame({"arm": ["a", "a", "b", "b"], "seed": [0, 1, 1, 0]})
+    assert report.seeds_text(same) == "0, 1 for every arm"
+    rows = [("init/x", s) for s in range(4)] + [(a, s) for a in ("p", "q", "r") for s in (0, 1)]
+    mixed = pd.DataFrame(rows, columns=["arm", "seed"])
+    assert report.seeds_text(mixed) == "0, 1, 2, 3 for init/x; 0, 1 for the other 3 arms"
 
 
 # ----- bn_lenet: logs -> runs.csv -> claims -------------------------------------------------------
@@ -243,6 +273,29 @@ def test_command_sweep_dirs_and_grid_values(tmp_path: Path):
     assert not in_grid(replace(run, overrides={"per_device": "2"}), values)  # seed missing
     with pytest.raises(ValueError):
         seed_override(0)
+
+
+def test_a_grid_with_its_own_seeds_keeps_them_under_the_full_budget(tmp_path, monkeypatch):
+    own = Grid("init", "ln_placement_init", seeds=10)
+    other = Grid("bn", "gn_batch_size", ("norm=batchnorm",))
+    assert (own.seed_count(3, False), other.seed_count(3, False)) == (10, 3)
+    assert own.seed_count(2, True) == 2  # --quick, a smoke test: --seeds for every grid
+    assert own.seed_count(None, False) is None  # a reproduction without seeds
+    repro = Reproduction("demo", "t", (own, other), Budget((), "f"), Budget((), "q"))
+    commands = []
+    monkeypatch.setattr(sweep.subprocess, "run", lambda cmd, **kw: commands.append(cmd) or
+                        subprocess.CompletedProcess(cmd, 0))  # fmt: skip
+    sweep.run(repro, False, tmp_path, jobs=1, seeds=3)
+    sweep.run(repro, True, tmp_path, jobs=1, seeds=2)
+    seeds = [[a for a in cmd if a.startswith("seed=")] for cmd in commands]
+    assert seeds == [["seed=0,1,2,3,4,5,6,7,8,9"], ["seed=0,1,2"], ["seed=0,1"], ["seed=0,1"]]
+    init = sweep.sweep_dir(tmp_path, "demo", False, "init")
+    for seed in range(12):  # seeds 10 and 11: left by an earlier grid with more seeds
+        overrides = f"placement=post model.net.depth=6 experiment=ln_placement_init seed={seed}"
+        summary.update_row(init, {"job": seed, "overrides": overrides, "status": "ok",
+                                  "run_dir": str(tmp_path / str(seed))})  # fmt: skip
+    found = sweep.runs(repro, False, tmp_path, seeds=3)
+    assert sorted(int(r.get("seed")) for r in found) == list(range(10))
 
 
 def test_jobs_frame_has_one_row_per_job_with_its_identity(gn_sweep: Path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import subprocess
@@ -12,9 +13,12 @@ import pandas as pd
 import pytest
 
 from normlab.analysis.reproductions import REPRODUCTIONS
+from normlab.analysis.sweep import Budget, Grid, Reproduction
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = [sys.executable, str(REPO / "scripts" / "reproduce.py")]
+sys.path.insert(0, str(REPO / "scripts"))
+script = importlib.import_module("reproduce")  # scripts/reproduce.py
 # Rendered with --quick in CI's slow run; the others need models being written elsewhere.
 CI_NAMES = ["bn_lenet", "gn_batch_size"]
 
@@ -80,6 +84,20 @@ def test_bn_mlp_is_bn_lenet_with_the_papers_mlp(compose, tmp_path):
     assert list(cfg.model.net.hidden) == [100, 100, 100] and cfg.batch == 60
     assert cfg.model.net.activation == "sigmoid" and cfg.trainer.val_check_interval == 20
     assert cfg.callbacks.norm_stats.layers == ["net.layers.norm3"]
+
+
+def test_redraw_takes_the_seeds_option_from_the_arms_that_follow_it():
+    grids = (Grid("init", "ln_placement_init", seeds=10), Grid("warmup", "ln_placement"))
+    repro = Reproduction("demo", "t", grids, Budget((), ""), Budget((), ""))
+
+    def jobs(init: int, warmup: int) -> pd.DataFrame:
+        rows = [("init/a", s) for s in range(init)] + [("w/b", s) for s in range(warmup)]
+        return pd.DataFrame(rows, columns=["arm", "seed"])
+
+    assert script.seeds_given(repro, jobs(10, 3), quick=False) == 3
+    assert script.seeds_given(repro, jobs(10, 10), quick=False) == 10  # --seeds 10
+    assert script.seeds_given(repro, jobs(2, 2), quick=True) == 2
+    assert script.command_text("demo", False, 3) == "python scripts/reproduce.py demo"
 
 
 SEEDED = [n for n, r in REPRODUCTIONS.items() if r.seeded]

@@ -83,6 +83,74 @@ class Claim:
 
 
 @dataclass
+class AnyClaim:
+    """A claim that holds when any of its parts does (e.g. at some learning rate): holds if one
+    part holds, does not hold if every part does not, otherwise undecided. Its numbers are the
+    deciding part's: the one furthest inside the paper's region among the best verdicts."""
+
+    claim: str
+    paper_number: str
+    parts: dict[str, Claim]  # label (e.g. "lr 0.001") -> that part's claim, tested on its own
+
+    ORDER = (stats.HOLDS, stats.UNDECIDED, stats.FAILS)
+
+    def _rank(self, label: str) -> tuple[int, float]:
+        part = self.parts[label]
+        verdict = part.verdict
+        rank = self.ORDER.index(verdict) if verdict in self.ORDER else len(self.ORDER)
+        (lo, hi), i = part.region, part.interval
+        depth = min(i.low - lo, hi - i.high) if i.known else -math.inf
+        return rank, -depth
+
+    @property
+    def deciding(self) -> str:
+        """The label of the part whose numbers the row shows."""
+        return min(self.parts, key=self._rank)
+
+    @property
+    def interval(self) -> stats.Interval:
+        return self.parts[self.deciding].interval if self.parts else stats.Interval.of([])
+
+    @property
+    def verdict(self) -> str:
+        verdicts = [p.verdict for p in self.parts.values()]
+        if stats.HOLDS in verdicts:
+            return stats.HOLDS
+        if verdicts and all(v == stats.FAILS for v in verdicts):
+            return stats.FAILS
+        if stats.UNDECIDED in verdicts or stats.FAILS in verdicts:
+            return stats.UNDECIDED
+        return stats.MISSING
+
+    @property
+    def rule(self) -> str:
+        names = ", ".join(self.parts)
+        return (
+            f"holds if the claim holds for any of {names} (each by its own rule; no correction "
+            f"for testing {len(self.parts)}); does not hold if it does not hold for every one; "
+            "otherwise undecided. Shown: the mean and CI of the part "
+            "furthest inside its region among the best verdicts"
+        )
+
+    def ours(self) -> str:
+        return f"{self.parts[self.deciding].ours()} ({self.deciding})" if self.parts else "n/a"
+
+    def row(self) -> dict[str, object]:
+        """The claim's row of NAME.claims.csv."""
+        i = self.interval
+        return {
+            "claim": self.claim,
+            "paper_number": self.paper_number,
+            "ours_mean": i.mean,
+            "ci_low": i.low,
+            "ci_high": i.high,
+            "n_seeds": i.n,
+            "verdict": self.verdict,
+            "rule": self.rule,
+        }
+
+
+@dataclass
 class Result:
     """An analysed sweep: figure, tidy data (one row per plotted point) and claims."""
 
@@ -213,6 +281,20 @@ def evidence_paths(out_dir: Path, name: str) -> dict[str, Path]:
     }
 
 
+def seeds_text(jobs: pd.DataFrame) -> str:
+    """The seeds each arm ran: '0, 1, 2 for every arm', or a list per group of arms (the
+    largest group last, as 'the other N arms')."""
+    per_arm = jobs.groupby("arm", sort=True)["seed"].agg(lambda s: tuple(sorted(set(map(int, s)))))
+    groups: dict[tuple[int, ...], list[str]] = {}
+    for arm, seeds in per_arm.items():
+        groups.setdefault(seeds, []).append(str(arm))
+    if len(groups) == 1:
+        return f"{', '.join(map(str, next(iter(groups))))} for every arm"
+    *fewer, (most_seeds, most) = sorted(groups.items(), key=lambda kv: (len(kv[1]), kv[0]))
+    parts = [f"{', '.join(map(str, seeds))} for {', '.join(arms)}" for seeds, arms in fewer]
+    return "; ".join([*parts, f"{', '.join(map(str, most_seeds))} for the other {len(most)} arms"])
+
+
 def claims_table(claims: list[Claim]) -> str:
     """The claims as a markdown table (mean and 95% CI over seeds, verdict) and their rules."""
     lines = [
@@ -249,12 +331,11 @@ def write_evidence(
     text = _figure_and_header(result, paths, name, title, command, budget)
     claims = pd.DataFrame([c.row() for c in result.claims])
     claims.to_csv(paths["claims"], index=False, float_format=FLOAT)
-    seeds = sorted({int(s) for s in jobs["seed"]})
     times = jobs["wall_time_s"].dropna()
     versions = sorted({str(v) for v in jobs["code_version"].dropna()})
     text += [
-        f"Seeds: {', '.join(map(str, seeds))} for every arm (a seed sets the init, the data order "
-        "and the training subset; arms compared within a seed share all three)  ",
+        f"Seeds: {seeds_text(jobs)} (a seed sets the init, the data order and the training "
+        "subset; arms compared within a seed share all three)  ",
         f"Jobs: {len(jobs)}, {int((jobs['status'] == 'ok').sum())} ok; their own wall time "
         f"{times.sum():.0f} s in all, {times.max():.0f} s the longest  ",
         f"Training code version(s): {', '.join(versions) or 'n/a'} (normlab.identity)  ",

@@ -42,6 +42,14 @@ class Grid:
     experiment: str  # conf/experiment/<experiment>.yaml
     overrides: tuple[str, ...] = ()
     quick: tuple[str, ...] = ()
+    seeds: int | None = None  # its own seed count under the full budget, whatever --seeds says
+
+    def seed_count(self, seeds: int | None, quick: bool) -> int | None:
+        """How many seeds the grid runs: its own count under the full budget, else --seeds'
+        (--quick, a smoke test, runs every grid on --seeds; None: a reproduction without seeds)."""
+        if seeds is None or quick or self.seeds is None:
+            return seeds
+        return self.seeds
 
     def all_overrides(self, budget: Budget, quick: bool) -> tuple[str, ...]:
         """The grid's overrides, then the budget's, then its quick ones: a later value of a key
@@ -55,9 +63,10 @@ class Grid:
 class Reproduction:
     """A paper figure: the grids that sweep it, two budgets, and its analysis.
 
-    Seeded reproductions (`extract` and `render` set) run every arm with --seeds seeds,
-    keep every number they use in runs.csv (`extract`: run logs -> long table) and draw the
-    figure and decide the claims from that table alone (`render`), so --redraw needs no logs.
+    Seeded reproductions (`extract` and `render` set) run every arm with --seeds seeds (a grid
+    with its own `seeds` keeps that count under the full budget), keep every number they use in
+    runs.csv (`extract`: run logs -> long table) and draw the figure and decide the claims from
+    that table alone (`render`), so --redraw needs no logs.
     The others (`analyze` on one run per arm) move onto seeds in a later change.
     """
 
@@ -153,7 +162,8 @@ def run(
     start = time.time()
     for g in repro.grids:
         sweep = sweep_dir(root, repro.name, quick, g.name).resolve()
-        cmd = command(g, repro.budget(quick), quick, sweep, jobs, seed_override(seeds))
+        seeded = seed_override(g.seed_count(seeds, quick))
+        cmd = command(g, repro.budget(quick), quick, sweep, jobs, seeded)
         log("+ " + " ".join(cmd))
         done = subprocess.run(cmd, cwd=REPO, env=env)
         if done.returncode != 0:
@@ -196,7 +206,7 @@ def runs(repro: Reproduction, quick: bool, root: Path, seeds: int | None = None)
     budget = repro.budget(quick)
     for g in repro.grids:
         sweep = sweep_dir(root, repro.name, quick, g.name)
-        values = grid_values(g, budget, quick, seeds)
+        values = grid_values(g, budget, quick, g.seed_count(seeds, quick))
         rows = load_sweep(sweep, task_overrides(g, budget, quick))
         found += [r for r in rows if in_grid(r, values)]
     return found
