@@ -8,11 +8,12 @@ import subprocess
 from dataclasses import replace
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 
 from normlab import summary
-from normlab.analysis import bn_lenet, gn_batch_size, report, stats, sweep
+from normlab.analysis import bn_lenet, gn_batch_size, ln_placement, report, stats, sweep
 from normlab.analysis.logs import Run, load_sweep, parse_overrides, pick, same_value
 from normlab.analysis.sweep import (
     Budget,
@@ -244,6 +245,89 @@ def test_gn_batch_size_claims_from_paired_seeds():
     assert verdict["at b=32: LN's error is lower than IN's"] == stats.HOLDS
     fixed = next(c for k, c in claims.items() if k.startswith("with SGD's batch fixed"))
     assert fixed.values == pytest.approx([5.0, 5.0, 5.0]) and fixed.verdict == stats.HOLDS
+
+
+# ----- ln_placement: logs -> runs.csv -> claims -------------------------------------------------
+
+
+def _init_run(placement: str, depth: int, seed: int, slope: float) -> Run:
+    """An init job whose W2 gradient norms grow by exp(slope) a layer (U-shaped on top)."""
+    bend = [0.3 * (i - (depth - 1) / 2) ** 2 / depth for i in range(depth)]  # no slope of its own
+    norms = {f"grad_init/block_{i:02d}/w2": 0.1 * math.exp(slope * i + bend[i])
+             for i in range(depth)}  # fmt: skip
+    overrides = {"experiment": "ln_placement_init", "placement": placement,
+                 "model.net.depth": str(depth), "seed": str(seed)}  # fmt: skip
+    return Run(overrides, "ok", Path("."), metrics=pd.DataFrame([{"step": 0, **norms}]))
+
+
+def _lm_run(placement: str, lr: str, warmup: int, seed: int, final: float, status="ok") -> Run:
+    """A warmup job: val loss 3.5 after 50 steps and `final` after 100."""
+    overrides = {"experiment": "ln_placement", "placement": placement, "optim.optimizer.lr": lr,
+                 "optim.warmup_steps": str(warmup), "seed": str(seed)}  # fmt: skip
+    rows = [{"step": 49, "val/loss": 3.5}, {"step": 99, "val/loss": final}]
+    return Run(overrides, status, Path("."), metrics=pd.DataFrame(rows))
+
+
+def _verdicts(result: report.Result) -> dict[str, str]:
+    return {c.claim.split(":")[0]: c.verdict for c in result.claims}
+
+
+def test_ln_placement_slopes_of_the_gradient_at_init_per_seed():
+    slopes = {("post", 6): [0.10, 0.12, 0.08], ("pre", 6): [-0.10, -0.12, -0.08],
+              ("post", 12): [-0.05, 0.05, 0.0], ("pre", 12): [0.20, 0.25, 0.22]}  # fmt: skip
+    runs = [_init_run(p, d, seed, b) for (p, d), bs in slopes.items() for seed, b in enumerate(bs)]
+    data = ln_placement.extract(runs)
+    assert sorted(data["x"].unique()) == list(range(1, 13))  # layer index from 1
+    assert set(data["arm"]) == {"init/post/d6", "init/pre/d6", "init/post/d12", "init/pre/d12"}
+    result = ln_placement.render(data)
+    claims = {c.claim.split(":")[0]: c for c in result.claims}
+    for (placement, depth), expected in slopes.items():
+        name = f"{ln_placement.PLACEMENTS[placement]}, depth {depth}"
+        assert claims[name].values == pytest.approx(expected)  # the U-shape adds no slope
+    verdicts = _verdicts(result)
+    assert verdicts["Post-LN, depth 6"] == stats.HOLDS  # CI above 0
+    assert verdicts["Pre-LN, depth 6"] == stats.HOLDS  # CI below 0.05
+    assert verdicts["Post-LN, depth 12"] == stats.UNDECIDED  # CI contains 0
+    assert verdicts["Pre-LN, depth 12"] == stats.FAILS  # CI above 0.05
+    assert claims["Pre-LN, depth 6"].region == (stats.BELOW, ln_placement.MAX_PRE_SLOPE)
+    plt.close(result.figure)
+
+
+def test_ln_placement_warmup_gap_with_a_diverged_run_and_the_best_lrs(tmp_path: Path):
+    final = {  # (placement, lr, warmup) -> final val loss per seed
+        ("post", "5e-4", 0): [2.30, 2.31, 2.29], ("post", "5e-4", 100): [2.30, 2.30, 2.30],
+        ("post", "1e-3", 0): [math.nan, 4.15, 4.20], ("post", "1e-3", 100): [2.20, 2.21, 2.19],
+        ("pre", "5e-4", 0): [2.10, 2.10, 2.10], ("pre", "5e-4", 100): [2.12, 2.11, 2.10],
+        ("pre", "1e-3", 0): [2.00, 2.50, 2.50], ("pre", "1e-3", 100): [2.40, 2.40, 2.40],
+    }  # fmt: skip
+    runs = [
+        _lm_run(p, lr, w, seed, v, "diverged" if math.isnan(v) else "ok")
+        for (p, lr, w), values in final.items()
+        for seed, v in enumerate(values)
+    ]
+    runs.append(_lm_run("pre", "5e-4", 0, 3, 9.9, status="failed"))  # left out
+    data = ln_placement.extract(runs)
+    assert set(data["arm"]) == {f"{p}/lr{float(lr):g}/w{w}" for p, lr, w in final}
+    curve = data[(data["arm"] == "post/lr0.001/w100") & (data["metric"] == "val/loss")]
+    assert list(curve[curve["seed"] == 0]["x"]) == [50.0, 100.0]  # steps trained
+    path = tmp_path / "runs.csv"  # render reads runs.csv as written: NaN as an empty cell
+    data.to_csv(path, index=False, float_format=report.FLOAT)
+    result = ln_placement.render(pd.read_csv(path))
+    claims = {c.claim.split(":")[0]: c for c in result.claims}
+    diverged = ln_placement.DIVERGED_LOSS  # ln 65, a uniform prediction's loss
+    gap = claims["Post-LN needs warmup at lr 0.001"]
+    assert gap.values == pytest.approx([diverged - 2.20, 4.15 - 2.21, 4.20 - 2.19], abs=1e-5)
+    assert gap.verdict == stats.HOLDS
+    assert claims["Post-LN needs warmup at lr 0.0005"].verdict == stats.FAILS  # CI below 0.05
+    some = claims["Post-LN needs warmup at some lr"]
+    assert some.verdict == stats.HOLDS and some.deciding == "lr 0.001"
+    # best lrs by the mean over seeds: Pre-LN 5e-4 (2.10 vs 2.33), Post-LN 1e-3 (2.20 vs 2.30)
+    reach = next(c for c in result.claims if c.claim.startswith("Pre-LN without warmup"))
+    assert "Pre-LN at lr 0.0005, Post-LN at lr 0.001" in reach.quantity
+    assert reach.values == pytest.approx([-0.10, -0.11, -0.09], abs=1e-5)
+    assert reach.verdict == stats.HOLDS and reach.region == (stats.BELOW, ln_placement.PRE_MARGIN)
+    assert any("post/lr0.001/w0 seeds [0]" in note for note in result.notes)
+    plt.close(result.figure)
 
 
 # ----- sweeps of a reproduction ---------------------------------------------------------------

@@ -20,7 +20,7 @@ SCRIPT = [sys.executable, str(REPO / "scripts" / "reproduce.py")]
 sys.path.insert(0, str(REPO / "scripts"))
 script = importlib.import_module("reproduce")  # scripts/reproduce.py
 # Rendered with --quick in CI's slow run; the others need models being written elsewhere.
-CI_NAMES = ["bn_lenet", "gn_batch_size"]
+CI_NAMES = ["bn_lenet", "gn_batch_size", "ln_placement"]
 
 
 def reproduce(*args: str, root: Path) -> subprocess.CompletedProcess:
@@ -46,7 +46,10 @@ def test_unknown_name_fails_with_the_valid_ones(tmp_path: Path):
     assert done.returncode != 0 and "bn_lenet" in done.stderr and "gn_batch_size" in done.stderr
 
 
-@pytest.mark.parametrize("name", ["bn_lenet", "bn_mlp", "gn_batch_size", "rmsnorm_speed"])
+@pytest.mark.parametrize(
+    "name",
+    ["bn_lenet", "bn_mlp", "gn_batch_size", "rmsnorm_speed", "ln_placement", "ln_placement_init"],
+)
 def test_experiment_config_composes_with_its_sweep_grid(compose, tmp_path: Path, name: str):
     cfg = compose([f"experiment={name}"], tmp_path)
     from hydra.core.hydra_config import HydraConfig
@@ -78,6 +81,37 @@ def test_gn_batch_size_has_8_virtual_devices_and_scales_the_lr_linearly(
     assert list(cfg.model.net.channels) == [16, 32] and cfg.model.net.fc_norm == "none"
 
 
+def test_ln_placement_warmup_grid_ties_the_data_order_to_the_seed(compose, tmp_path):
+    from hydra.core.hydra_config import HydraConfig
+
+    cfg = compose(["experiment=ln_placement", "seed=5"], tmp_path)
+    params = HydraConfig.get().sweeper.params
+    assert dict(params) == {"placement": "post,pre", "optim.optimizer.lr": "5e-4,1e-3,2e-3,3e-3",
+                            "optim.warmup_steps": "0,100"}  # fmt: skip
+    assert cfg.data.seed == 5 and cfg.batch == 32 and cfg.data.batch_size == 32 and not cfg.test
+    assert cfg.trainer.max_epochs * cfg.data.train_batches_per_epoch == 600
+    assert cfg.model.net.depth == 6 and cfg.trainer.val_check_interval == 50
+    assert cfg.callbacks.divergence is not None and cfg.callbacks.update_norm is None
+
+
+@pytest.mark.parametrize(("placement", "final"), [("post", "Identity"), ("pre", "LayerNorm")])
+def test_ln_placement_init_measures_w2_at_init_with_the_placements_final_norm(
+    compose, tmp_path, placement, final
+):
+    from hydra.utils import instantiate
+
+    cfg = compose(["experiment=ln_placement_init", f"placement={placement}", "seed=4"], tmp_path)
+    assert cfg.trainer.max_steps == 0 and cfg.trainer.limit_val_batches == 0 and not cfg.test
+    assert cfg.data.seed == 4 and cfg.batch == 32
+    grad = cfg.callbacks.grad_at_init
+    assert grad._target_ == "normlab.callbacks.grad_norms.GradAtInit" and grad.batches == 32
+    assert cfg.callbacks.model_checkpoint is None and cfg.callbacks.grad_norms is None
+    net = instantiate(cfg.model).net
+    assert type(net.final_norm).__name__ == final  # Post-LN: none; Pre-LN: its final norm
+    for block in net.blocks:  # the weight the callback reads is MLP.fc2, the FFN's W2
+        assert block.get_parameter(grad.weight) is block.mlp.sublayer.fc2.weight
+
+
 def test_bn_mlp_is_bn_lenet_with_the_papers_mlp(compose, tmp_path):
     cfg = compose(["experiment=bn_mlp"], tmp_path)
     assert cfg.model.net._target_ == "normlab.models.mlp.MLP"
@@ -105,7 +139,7 @@ COMMITTED = [n for n in SEEDED if (REPO / "outputs" / "figures" / n / "runs.csv"
 
 
 def test_the_seeded_reproductions_have_committed_evidence():
-    assert COMMITTED == SEEDED == ["bn_lenet", "gn_batch_size"]
+    assert COMMITTED == SEEDED == ["bn_lenet", "gn_batch_size", "ln_placement"]
 
 
 @pytest.mark.parametrize("name", COMMITTED)

@@ -101,25 +101,41 @@ REPRODUCTIONS: dict[str, Reproduction] = {
         ),
         Reproduction(
             name="ln_placement",
-            title="Post-LN needs warmup, Pre-LN does not (Xiong et al. 2020)",
-            grids=(Grid("", "ln_placement"),),
+            title="Post-LN's gradients at init grow with the layer index and it needs warmup; "
+            "Pre-LN's do not and it trains without (Xiong et al. 2020)",
+            grids=(
+                Grid(
+                    "init",
+                    "ln_placement_init",
+                    seeds=10,  # the slopes' CIs: 10 seeds whatever --seeds says
+                    quick=("callbacks.grad_at_init.batches=4",),
+                ),
+                Grid(
+                    "warmup",
+                    "ln_placement",
+                    quick=(
+                        "optim.optimizer.lr=1e-3,3e-3",
+                        "optim.warmup_steps=0,10",
+                        "trainer.val_check_interval=5",
+                    ),
+                ),
+            ),
             full=Budget(
-                # at lr 3e-3 Post-LN trained neither with nor without warmup (val loss stuck at
-                # the unigram level): at 1e-3 warmup is what decides it, the paper's regime
-                (*NO_TEST, "batch=32", "optim.optimizer.lr=1e-3"),
-                "18 jobs (post, pre, deepnorm x warmup 0 / 100 steps x seeds 42, 43, 44), 600 "
-                "steps of 32 windows of 64 characters, depth 6, d_model 64, AdamW lr 1e-3",
+                (),
+                "init: Post-LN, Pre-LN x depth 6, 12 x 10 seeds, ||dL/dW2|| per layer at init "
+                "averaged over 32 batches of 32 windows (no step); warmup: Post-LN, Pre-LN x lr "
+                "5e-4, 1e-3, 2e-3, 3e-3 x warmup 0 / 100 steps x 3 seeds, 600 AdamW steps "
+                "(cosine) of 32 windows of 64 characters, depth 6, d_model 64: 40 + 48 jobs",
             ),
             quick=Budget(
-                (
-                    "placement=post,pre",
-                    "seed=42",
-                    *QUICK_LM,
-                    "callbacks.grad_norms.every_n_steps=5",
-                ),
-                "4 jobs (post, pre x warmup 0 / 100, one seed), 20 steps of 16 windows",
+                QUICK_LM,
+                "init: 4 arms x 2 seeds over 4 batches of 16 windows; warmup: Post-LN, Pre-LN x "
+                "lr 1e-3, 3e-3 x warmup 0 / 10 steps x 2 seeds, 20 steps of 16 windows: 8 + 16 "
+                "jobs",
             ),
-            analyze=ln_placement.analyze,
+            arm=ln_placement.arm,
+            extract=ln_placement.extract,
+            render=ln_placement.render,
             requires=("model/transformer.yaml",),
         ),
         Reproduction(
