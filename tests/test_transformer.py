@@ -267,3 +267,11 @@ def test_multirun_records_diverged_job(tmp_path):
         assert status == (
             "diverged" if "lr=10000" in overrides or "lr=1e4" in overrides else "ok"
         ), rows
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+def test_the_training_windows_follow_the_runs_seed(compose, tmp_path, seed):
+    """Every language-model run draws its windows from its own seed (no experiment has to say so),
+    so seeds differ in data order as well as in init."""
+    cfg = compose(["model=transformer", f"seed={seed}"], tmp_path)
+    assert cfg.data.seed == seed

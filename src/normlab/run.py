@@ -92,6 +92,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     """Fit (and test) one config; return {'status', 'metrics', 'seed'}."""
     config.validate(cfg)
     seed = cfg.seed if cfg.seed is not None else random.randrange(2**31)
+    with open_dict(cfg):
+        cfg.seed = seed  # a seed picked at random reaches what interpolates it (data.seed)
     pl.seed_everything(seed, workers=True, verbose=False)
     if cfg.get("num_threads"):
         torch.set_num_threads(int(cfg.num_threads))
