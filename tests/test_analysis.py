@@ -13,7 +13,15 @@ import pandas as pd
 import pytest
 
 from normlab import summary
-from normlab.analysis import bn_lenet, gn_batch_size, ln_placement, report, stats, sweep
+from normlab.analysis import (
+    bn_lenet,
+    deepnorm_depth,
+    gn_batch_size,
+    ln_placement,
+    report,
+    stats,
+    sweep,
+)
 from normlab.analysis.logs import Run, load_sweep, parse_overrides, pick, same_value
 from normlab.analysis.sweep import (
     Budget,
@@ -327,6 +335,97 @@ def test_ln_placement_warmup_gap_with_a_diverged_run_and_the_best_lrs(tmp_path: 
     assert reach.values == pytest.approx([-0.10, -0.11, -0.09], abs=1e-5)
     assert reach.verdict == stats.HOLDS and reach.region == (stats.BELOW, ln_placement.PRE_MARGIN)
     assert any("post/lr0.001/w0 seeds [0]" in note for note in result.notes)
+    plt.close(result.figure)
+
+
+def _update_run(placement: str, depth: int, warmup: int, seed: int, first: float) -> Run:
+    """An update job: update_norm `first` after step 1, then growing 10% a step for 49 steps."""
+    overrides = {"experiment": "deepnorm_update", "placement": placement,
+                 "model.net.depth": str(depth), "optim.warmup_steps": str(warmup),
+                 "seed": str(seed)}  # fmt: skip
+    rows = [{"step": t, "update_norm": first * 1.1 ** (t - 1)} for t in range(1, 51)]
+    return Run(overrides, "ok", Path("."), metrics=pd.DataFrame(rows))
+
+
+def _depth_run(placement: str, depth: int, seed: int, final: float, status="ok") -> Run:
+    overrides = {"experiment": "deepnorm_depth", "placement": placement,
+                 "model.net.depth": str(depth), "seed": str(seed)}  # fmt: skip
+    rows = [{"step": 149, "val/loss": 3.0}, {"step": 299, "val/loss": final}]
+    return Run(overrides, status, Path("."), metrics=pd.DataFrame(rows))
+
+
+def test_deepnorm_depth_update_ratios_within_seeds_and_the_deep_loss_gap(tmp_path: Path):
+    noise = [1.0, 1.1, 0.9]  # per seed, shared by the arms of a seed: ratios cancel it
+    post = {6: 0.03, 18: 0.1, 50: 0.3}  # grows 10x from 6 to 50 (no warmup)
+    deep = {6: 0.003, 18: 0.004, 50: 0.005}  # grows 1.67x: bounded, 1/60 of Post-LN's at 50
+    runs = [
+        _update_run(p, d, w, seed, table[d] * n * (0.01 if w else 1.0))
+        for p, table in (("post", post), ("deepnorm", deep))
+        for d in table
+        for w in (0, 100)
+        for seed, n in enumerate(noise)
+    ]
+    # with warmup, Post-LN does not grow at depth 18 in seed 2: "rises with depth" fails there
+    runs = [r for r in runs if r.overrides != _update_run("post", 18, 100, 2, 0).overrides]
+    runs.append(_update_run("post", 18, 100, 2, 0.03 * 0.9 * 0.01 * 0.5))
+    losses = {("post", 6): [2.0, 2.1, 1.9], ("deepnorm", 6): [2.05, 2.1, 2.0],
+              ("post", 50): [math.nan, 4.0, 4.1], ("deepnorm", 50): [2.2, 2.3, 2.2]}  # fmt: skip
+    runs += [
+        _depth_run(p, d, seed, v, "diverged" if math.isnan(v) else "ok")
+        for (p, d), values in losses.items()
+        for seed, v in enumerate(values)
+    ]
+    data = deepnorm_depth.extract(runs)
+    path = tmp_path / "runs.csv"
+    data.to_csv(path, index=False, float_format=report.FLOAT)
+    result = deepnorm_depth.render(pd.read_csv(path))
+    claims = {c.claim: c for c in result.claims}
+    assert len(claims) == 11
+    grows = claims[
+        "no warmup: Post-LN's early update at depth 50 is at least 2x its update at depth 6"
+    ]
+    assert grows.values == pytest.approx([10.0] * 3, rel=1e-4) and grows.verdict == stats.HOLDS
+    assert grows.log and grows.interval.mean == pytest.approx(10.0, rel=1e-4)
+    rises = claims["no warmup: Post-LN's early update rises with depth (6, 18, 50)"]
+    assert rises.values == pytest.approx([3.0] * 3, rel=1e-4) and rises.verdict == stats.HOLDS
+    warm_rises = claims["100 warmup steps: Post-LN's early update rises with depth (6, 18, 50)"]
+    assert warm_rises.values[2] == pytest.approx(0.5, rel=1e-4)
+    assert warm_rises.verdict == stats.UNDECIDED  # two seeds rise 3.33x, one falls to 0.5x
+    below = claims["no warmup: DeepNorm's early update at depth 50 is no larger than Post-LN's at "
+                   "depth 6"]  # fmt: skip
+    assert below.values == pytest.approx([0.005 / 0.03] * 3, rel=1e-4)
+    assert below.verdict == stats.HOLDS
+    share = claims["no warmup: DeepNorm's early update at depth 50 is at most 0.2x Post-LN's at "
+                   "depth 50"]  # fmt: skip
+    assert share.verdict == stats.HOLDS and share.region == (stats.BELOW, 0.2)
+    own = claims["no warmup: DeepNorm's early update grows less than 2x from depth 6 to 50 (the "
+                 "bound does not depend on depth)"]  # fmt: skip
+    assert own.values == pytest.approx([0.005 / 0.003] * 3, rel=1e-4)
+    assert own.verdict == stats.HOLDS
+    loss = claims["at depth 50 DeepNorm reaches a lower val loss than Post-LN"]
+    assert loss.values == pytest.approx(
+        [deepnorm_depth.DIVERGED_LOSS - 2.2, 1.7, 1.9], abs=1e-5
+    )  # the diverged seed counts at ln 65
+    assert loss.verdict == stats.HOLDS
+    assert any("post/d50 seeds [0]" in note for note in result.notes)
+    assert any("rose at every step in depth (6 < 18 < 50) in 2 of 3 seeds" in n
+               for n in result.notes)  # fmt: skip
+    plt.close(result.figure)
+
+
+def test_deepnorm_depth_a_bounded_post_ln_fails_the_growth_claims():
+    runs = [
+        _update_run(p, d, 0, seed, first * n)
+        for p, first in (("post", 0.03), ("deepnorm", 0.03))  # equal and flat in depth
+        for d in (6, 18, 50)
+        for seed, n in enumerate([1.0, 1.05, 0.95])
+    ]
+    result = deepnorm_depth.render(deepnorm_depth.extract(runs))
+    verdicts = {c.claim: c.verdict for c in result.claims}
+    assert verdicts["no warmup: Post-LN's early update at depth 50 is at least 2x its update at "
+                    "depth 6"] == stats.FAILS  # fmt: skip
+    assert verdicts["no warmup: DeepNorm's early update at depth 50 is at most 0.2x Post-LN's at "
+                    "depth 50"] == stats.FAILS  # fmt: skip
     plt.close(result.figure)
 
 

@@ -53,6 +53,10 @@ def test_a_changed_experiment_yaml_reruns_the_finished_job(tmp_path: Path):
     assert metrics.stat().st_mtime_ns == mtime
     assert _summary(sweep)["reused"] == "1"
 
+    cmd[3:-1] = cmd[3:-1][::-1]  # the same overrides in another order: the same job, one row
+    out = run()
+    assert "skipping finished job" in out and metrics.stat().st_mtime_ns == mtime
+
     yaml = repo / "conf" / "experiment" / "bn_lenet.yaml"
     text = yaml.read_text()
     assert "    lr: 0.1 " in text

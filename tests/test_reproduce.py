@@ -213,3 +213,21 @@ def test_quick_render_of_the_other_models(tmp_path: Path, name: str):
     assert done.returncode == 0, done.stderr[-3000:]
     figures = tmp_path / "outputs" / "figures" / "quick"
     assert all((figures / f"{name}.{ext}").is_file() for ext in ("png", "svg", "csv", "md"))
+
+
+def test_deepnorm_grids_measure_the_first_50_steps_and_train_300(compose, tmp_path):
+    from hydra.core.hydra_config import HydraConfig
+
+    cfg = compose(["experiment=deepnorm_update", "seed=3"], tmp_path)
+    assert dict(HydraConfig.get().sweeper.params) == {
+        "placement": "post,deepnorm", "model.net.depth": "6,18,50", "optim.warmup_steps": "0,100"
+    }  # fmt: skip
+    assert cfg.trainer.max_steps == 50 and cfg.callbacks.update_norm.steps == 50
+    assert cfg.optim.schedule == "constant" and cfg.trainer.limit_val_batches == 0
+    assert cfg.batch == 16 and cfg.data.seed == 3 and not cfg.test
+    cfg = compose(["experiment=deepnorm_depth", "seed=3"], tmp_path)
+    assert dict(HydraConfig.get().sweeper.params) == {
+        "placement": "post,deepnorm", "model.net.depth": "6,50"
+    }  # fmt: skip
+    assert cfg.trainer.max_epochs * cfg.data.train_batches_per_epoch == 300
+    assert cfg.optim.warmup_steps == 100 and cfg.callbacks.update_norm is None

@@ -98,3 +98,23 @@ def test_job_dirs_of_overrides_that_differ_past_the_cut_are_distinct():
     assert a == _slug(prefix + "placement=post")  # the same job finds its dir again
     assert _slug("norm=batchnorm,batch=2") == "norm=batchnorm,batch=2"  # short: unchanged
     assert _slug("a b") != _slug("a_b")  # changed characters: hashed too
+
+
+def test_a_summary_row_is_replaced_by_the_same_job_in_another_order_or_run_dir(tmp_path):
+    """One row per job: the same overrides in another order, or a new job written into the
+    same run dir, replace the old row instead of adding one the analysis would count twice."""
+    from normlab import summary
+
+    summary.update_row(tmp_path, {"job": 0, "overrides": "a=1 b=2", "status": "ok",
+                                  "run_dir": "d0"})  # fmt: skip
+    summary.update_row(tmp_path, {"job": 1, "overrides": "a=2 b=2", "status": "ok",
+                                  "run_dir": "d1"})  # fmt: skip
+    summary.update_row(tmp_path, {"job": 0, "overrides": "b=2 a=1", "status": "failed",
+                                  "run_dir": "d0"})  # fmt: skip
+    summary.update_row(tmp_path, {"job": 1, "overrides": "a=3 b=2", "status": "ok",
+                                  "run_dir": "d1"})  # fmt: skip
+    rows = summary.read_summary(tmp_path)
+    assert [(r["overrides"], r["status"]) for r in rows] == [("b=2 a=1", "failed"),
+                                                             ("a=3 b=2", "ok")]  # fmt: skip
+    assert summary.previous_row(tmp_path, "a=1 b=2")["status"] == "failed"
+    assert summary.previous_row(tmp_path, "a=2 b=2") is None

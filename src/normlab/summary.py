@@ -1,7 +1,8 @@
 """The sweep summary: one row per multirun job (overrides -> status, final metrics, wall time).
 
-Rows are keyed by the job's overrides, written under a file lock and replaced atomically, so
-parallel jobs (joblib launcher) never lose each other's rows and a reader never sees half a file.
+Rows are keyed by the job's overrides (in any order), written under a file lock and replaced
+atomically, so parallel jobs (joblib launcher) never lose each other's rows and a reader never
+sees half a file.
 """
 
 from __future__ import annotations
@@ -65,11 +66,23 @@ def _markdown(rows: list[dict[str, str]], columns: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def same_job(a: str, b: str) -> bool:
+    """Whether two override strings name the same job: the same overrides, in any order (a
+    reproduction that moves an override between its lists runs the same job)."""
+    return sorted(a.split()) == sorted(b.split())
+
+
 def update_row(sweep_dir: str | Path, row: dict[str, Any]) -> None:
-    """Insert or replace the row whose `overrides` equal row['overrides']; rewrite csv and md."""
+    """Insert or replace the row of the same job (same_job), or of the same run dir (which now
+    holds this job); rewrite csv and md."""
     sweep_dir = Path(sweep_dir)
     with _locked(sweep_dir):
-        rows = [r for r in read_summary(sweep_dir) if r["overrides"] != row["overrides"]]
+        rows = [
+            r
+            for r in read_summary(sweep_dir)
+            if not same_job(r["overrides"], str(row["overrides"]))
+            and not (row.get("run_dir") and r.get("run_dir") == str(row["run_dir"]))
+        ]
         rows.append({k: _fmt(v) for k, v in row.items()})
         rows.sort(key=lambda r: int(r["job"]) if r.get("job", "").isdigit() else 1 << 30)
         metric_cols = sorted({k for r in rows for k in r} - set(FIRST_COLUMNS))
@@ -88,4 +101,4 @@ FINISHED = ("ok", "diverged")  # a result; "failed" and "running" (killed) jobs 
 
 def previous_row(sweep_dir: str | Path, overrides: str) -> dict[str, str] | None:
     """The row an earlier invocation of this sweep wrote for a job with these overrides."""
-    return next((r for r in read_summary(sweep_dir) if r["overrides"] == overrides), None)
+    return next((r for r in read_summary(sweep_dir) if same_job(r["overrides"], overrides)), None)

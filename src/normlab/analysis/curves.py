@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+import pandas as pd
+
 from normlab.analysis.logs import Run
+
+VOCAB = 65  # tiny Shakespeare's characters (data.vocab_size, checked against the text)
+DIVERGED_LOSS = math.log(VOCAB)  # a diverged language model's val loss: a uniform prediction's
 
 
 def final(run: Run | None, key: str) -> float:
@@ -26,3 +32,48 @@ def show(value: float, digits: int = 3) -> str:
 def decided(*values: float) -> bool:
     """True when no value is missing (NaN); inf (diverged) counts as a result."""
     return not any(math.isnan(v) for v in values)
+
+
+# ----- language-model jobs in runs.csv (long: arm, seed, x, metric, value) ---------------------
+
+
+def val_loss_rows(run: Run, arm: str, seed: int) -> list[tuple]:
+    """A finished or diverged job's rows: its val loss curve (x = steps trained), its last val
+    loss (`final/val_loss`) and whether it diverged (`diverged`, 1 or 0); none for a failed job."""
+    if run.status not in ("ok", "diverged"):
+        return []
+    loss = run.series("val/loss").drop_duplicates("step", keep="last")  # a resumed job
+    rows = [
+        (arm, seed, float(s + 1), "val/loss", float(v))
+        for s, v in zip(loss["step"], loss["val/loss"], strict=True)
+    ]
+    rows.append((arm, seed, math.nan, "final/val_loss", run.last("val/loss")))
+    rows.append((arm, seed, math.nan, "diverged", float(run.status == "diverged")))
+    return rows
+
+
+def metric(data: pd.DataFrame, arm: str, name: str) -> pd.DataFrame:
+    """The rows of one arm and metric."""
+    return data[(data["arm"] == arm) & (data["metric"] == name)]
+
+
+def final_loss(data: pd.DataFrame, arm: str) -> pd.Series:
+    """{seed: final val loss}, a diverged job (or one without a finite val loss) at
+    DIVERGED_LOSS, so a difference it makes stays finite."""
+    final_ = metric(data, arm, "final/val_loss").set_index("seed")["value"]
+    diverged = metric(data, arm, "diverged").set_index("seed")["value"]
+    bad = (diverged.reindex(final_.index) == 1) | ~np.isfinite(final_)
+    return final_.where(~bad, DIVERGED_LOSS).sort_index()
+
+
+def paired(a: pd.Series, b: pd.Series) -> list[float]:
+    """a - b over the seeds both have (Series indexed by seed)."""
+    both = pd.concat([a, b], axis=1, keys=["a", "b"]).dropna()
+    return list(both["a"] - both["b"])
+
+
+def diverged_seeds(data: pd.DataFrame) -> str:
+    """'arm seeds [..]; ...' of the diverged jobs, or 'none'."""
+    rows = data[(data["metric"] == "diverged") & (data["value"] == 1)]
+    counts = rows.groupby("arm")["seed"].apply(list)
+    return "; ".join(f"{a} seeds {s}" for a, s in counts.items()) or "none"

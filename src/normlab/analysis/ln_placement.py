@@ -16,6 +16,15 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from normlab.analysis.curves import (
+    DIVERGED_LOSS,
+    VOCAB,
+    diverged_seeds,
+    final_loss,
+    metric,
+    paired,
+    val_loss_rows,
+)
 from normlab.analysis.logs import Run
 from normlab.analysis.report import AnyClaim, Claim, Result
 from normlab.analysis.stats import ABOVE, BELOW, Interval
@@ -32,8 +41,6 @@ PAPER = {
 MAX_PRE_SLOPE = 0.05  # per layer: "does not grow" = ln(grad norm) rises by less than this a layer
 MIN_LOSS_GAP = 0.05  # nats of val loss: "needs warmup" = worse without it by more than this
 PRE_MARGIN = 0.05  # nats: Pre-LN "reaches" Post-LN's quality = at most this much worse
-VOCAB = 65  # tiny Shakespeare's characters (data.vocab_size, checked against the text)
-DIVERGED_LOSS = math.log(VOCAB)  # a diverged run's val loss: a uniform prediction's
 
 INIT = "ln_placement_init"
 PLACEMENTS = {"post": "Post-LN", "pre": "Pre-LN"}
@@ -73,28 +80,16 @@ def extract(runs: list[Run]) -> pd.DataFrame:
                     for i, g in enumerate(grad_at_init(run))
                 ]
             continue
-        if run.status not in ("ok", "diverged"):
-            continue
-        loss = run.series("val/loss").drop_duplicates("step", keep="last")  # a resumed job
-        rows += [
-            (a, seed, float(s + 1), "val/loss", float(v))
-            for s, v in zip(loss["step"], loss["val/loss"], strict=True)
-        ]
-        rows.append((a, seed, math.nan, "final/val_loss", run.last("val/loss")))
-        rows.append((a, seed, math.nan, "diverged", float(run.status == "diverged")))
+        rows += val_loss_rows(run, a, seed)
     return pd.DataFrame(rows, columns=["arm", "seed", "x", "metric", "value"])
 
 
 # ----- runs.csv -> claims and figure ----------------------------------------------------------
 
 
-def _metric(data: pd.DataFrame, arm_: str, metric: str) -> pd.DataFrame:
-    return data[(data["arm"] == arm_) & (data["metric"] == metric)]
-
-
 def grad_norms(data: pd.DataFrame, placement: str, depth: int) -> pd.DataFrame:
     """W2's gradient norm at init: a row per seed, a column per layer index."""
-    rows = _metric(data, f"init/{placement}/d{depth}", "grad_init/w2")
+    rows = metric(data, f"init/{placement}/d{depth}", "grad_init/w2")
     return rows.pivot(index="seed", columns="x", values="value")
 
 
@@ -105,14 +100,6 @@ def slopes(table: pd.DataFrame) -> list[float]:
         float(np.polyfit(layers, np.log(row.to_numpy(float)), 1)[0])
         for _, row in table.dropna().iterrows()
     ]
-
-
-def final_loss(data: pd.DataFrame, arm_: str) -> pd.Series:
-    """{seed: final val loss}, a diverged job (or one without a finite val loss) at ln(VOCAB)."""
-    final = _metric(data, arm_, "final/val_loss").set_index("seed")["value"]
-    diverged = _metric(data, arm_, "diverged").set_index("seed")["value"]
-    bad = (diverged.reindex(final.index) == 1) | ~np.isfinite(final)
-    return final.where(~bad, DIVERGED_LOSS).sort_index()
 
 
 def warmup_grid(data: pd.DataFrame) -> tuple[list[float], int]:
@@ -127,15 +114,9 @@ def _arm(placement: str, lr: float, warmup: int) -> str:
     return f"{placement}/lr{lr:g}/w{warmup}"
 
 
-def _paired(a: pd.Series, b: pd.Series) -> list[float]:
-    """Per seed both have: a - b."""
-    both = pd.concat([a, b], axis=1, keys=["a", "b"]).dropna()
-    return list(both["a"] - both["b"])
-
-
 def warmup_gap(data: pd.DataFrame, lr: float, warm: int) -> list[float]:
     """Per seed: Post-LN's final val loss without warmup minus with `warm` warmup steps."""
-    return _paired(final_loss(data, _arm("post", lr, 0)), final_loss(data, _arm("post", lr, warm)))
+    return paired(final_loss(data, _arm("post", lr, 0)), final_loss(data, _arm("post", lr, warm)))
 
 
 def best_lr(data: pd.DataFrame, placement: str, lrs: list[float], warmup: int) -> float | None:
@@ -198,7 +179,7 @@ def _warmup_claims(data: pd.DataFrame, lrs: list[float], warm: int) -> list[Clai
     post_lr, pre_lr = best_lr(data, "post", lrs, warm), best_lr(data, "pre", lrs, 0)
     values = []
     if post_lr is not None and pre_lr is not None:
-        values = _paired(
+        values = paired(
             final_loss(data, _arm("pre", pre_lr, 0)), final_loss(data, _arm("post", post_lr, warm))
         )
     chosen = f"Pre-LN at lr {pre_lr:g}, Post-LN at lr {post_lr:g}" if values else "n/a"
@@ -274,7 +255,7 @@ def _curves(ax: plt.Axes, data: pd.DataFrame, lr: float, warm: int) -> None:
     """Val loss against steps at one lr: each seed thin, the mean over seeds thick."""
     for k, (placement, label) in enumerate(PLACEMENTS.items()):
         for warmup, style in ((0, "--"), (warm, "-")):
-            rows = _metric(data, _arm(placement, lr, warmup), "val/loss")
+            rows = metric(data, _arm(placement, lr, warmup), "val/loss")
             curves = rows.pivot(index="x", columns="seed", values="value")
             for seed in curves.columns:
                 ax.plot(curves.index, curves[seed], style, color=f"C{k}", alpha=0.25, lw=0.8)
@@ -330,8 +311,6 @@ def render(data: pd.DataFrame) -> Result:
 
 def _notes(data: pd.DataFrame, depths: list[int], lrs: list[float]) -> list[str]:
     """How the quantities were measured and encoded, with the numbers they depend on."""
-    diverged = data[data["metric"] == "diverged"]
-    counts = diverged[diverged["value"] == 1].groupby("arm")["seed"].apply(list)
     pre = {d: slopes(grad_norms(data, "pre", d)) for d in depths}
     return [
         "Gradients at init (grid `init`, experiment=ln_placement_init): no optimizer step; at fit "
@@ -361,7 +340,7 @@ def _notes(data: pd.DataFrame, depths: list[int], lrs: list[float]) -> list[str]
         f"A diverged job (the divergence guard stopped it: loss NaN or 10x its first) counts as "
         f"a val loss of ln {VOCAB} = {DIVERGED_LOSS:.3f}, a uniform prediction's (about the "
         "loss at init): a gap it makes is finite, so the interval stays defined. Diverged jobs: "
-        + ("; ".join(f"{a} seeds {s}" for a, s in counts.items()) or "none")
+        + diverged_seeds(data)
         + ".",
         "Best lr (Pre-LN without, Post-LN with warmup): the lr of the lowest final val loss, "
         "mean over the same seeds the comparison then uses; both sides are chosen that way.",

@@ -140,18 +140,40 @@ REPRODUCTIONS: dict[str, Reproduction] = {
         ),
         Reproduction(
             name="deepnorm_depth",
-            title="Post-LN's model update explodes with depth, DeepNorm's stays bounded (DeepNet)",
-            grids=(Grid("", "deepnorm_depth"),),
+            title="Post-LN's early model update grows with depth, DeepNorm's stays bounded, and "
+            "DeepNorm trains the deep model better (DeepNet)",
+            grids=(
+                Grid(
+                    "update",
+                    "deepnorm_update",
+                    quick=(
+                        "model.net.depth=2,4",
+                        "trainer.max_steps=12",
+                        "optim.warmup_steps=0,5",
+                        "callbacks.update_norm.steps=12",
+                    ),
+                ),
+                Grid(
+                    "loss",
+                    "deepnorm_depth",
+                    quick=("model.net.depth=2,4", "trainer.val_check_interval=5"),
+                ),
+            ),
             full=Budget(
-                (*NO_TEST, "batch=16"),
-                "9 jobs (post, pre, deepnorm x depth 6, 18, 50), 300 steps of 16 windows, "
-                "d_model 64; update_norm every step",
+                (),
+                "update: Post-LN, DeepNorm x depth 6, 18, 50 x warmup 0 / 100 steps x 3 seeds, "
+                "||F(x,θ_t) - F(x,θ_0)|| after each of the first 50 AdamW steps; loss: Post-LN, "
+                "DeepNorm x depth 6, 50 x 3 seeds, 300 steps; 16 windows of 64 characters a "
+                "step, d_model 64: 36 + 12 jobs",
             ),
             quick=Budget(
-                ("model.net.depth=2,6", *QUICK_LM, "callbacks.update_norm.steps=20"),
-                "6 jobs (post, pre, deepnorm x depth 2, 6), 20 steps of 16 windows",
+                QUICK_LM,
+                "update: 2 placements x depth 2, 4 x warmup 0 / 5 x 2 seeds, 12 steps; loss: 2 "
+                "placements x depth 2, 4 x 2 seeds, 20 steps of 16 windows: 16 + 8 jobs",
             ),
-            analyze=deepnorm_depth.analyze,
+            arm=deepnorm_depth.arm,
+            extract=deepnorm_depth.extract,
+            render=deepnorm_depth.render,
             requires=("model/transformer.yaml",),
         ),
         Reproduction(
