@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -147,6 +148,60 @@ def test_any_claim_holds_if_a_part_holds_and_fails_only_if_every_part_fails():
     assert report.AnyClaim("any", "p", {"a": fails, "b": fails}).verdict == stats.FAILS
     none = report.AnyClaim("any", "p", {"a": part([1.0])})
     assert none.verdict == stats.MISSING and none.row()["n_seeds"] == 1
+
+
+def test_bootstrap_of_a_median_matches_its_exact_distribution():
+    from scipy.stats import binom
+
+    # The bootstrap median of n = 11 distinct values is the k-th smallest with
+    # P(median <= x_(k)) = P(Bin(11, k / 11) >= 6): the exact 2.5% and 97.5% quantiles (this
+    # sample's CDF steps are >= 0.017 away from both, so 10,000 resamples find them exactly).
+    x = np.arange(1.0, 12.0) ** 2
+    cdf = [binom.sf(5, 11, k / 11) for k in range(1, 12)]
+    low = x[next(k for k, c in enumerate(cdf) if c >= 0.025)]
+    high = x[next(k for k, c in enumerate(cdf) if c >= 0.975)]
+    i = stats.bootstrap([x], np.median)
+    assert (i.mean, i.low, i.high, i.n) == (36.0, low, high, 1) == (36.0, 9.0, 81.0, 1)
+    assert stats.bootstrap([x], np.median) == i  # seeded: the same interval every time
+    assert stats.bootstrap([x], np.median, seed=1).n == 1
+
+
+def test_bootstrap_resamples_within_each_group():
+    # stratified: every resample keeps three 1s and two 5s, so the pooled median is always 1;
+    # pooled resampling would draw three 5s in about 32% of resamples
+    i = stats.bootstrap([[1.0, 1.0, 1.0], [5.0, 5.0]], np.median)
+    assert (i.mean, i.low, i.high, i.n) == (1.0, 1.0, 1.0, 2)
+    assert not stats.bootstrap([[1.0, 2.0], []]).known
+    assert not stats.bootstrap([[1.0, math.nan]]).known
+    assert not stats.bootstrap([]).known
+
+
+def test_interval_claim_decides_on_a_given_interval_by_claims_rule():
+    def claim(low: float, high: float) -> report.IntervalClaim:
+        interval = stats.Interval(0.5 * (low + high), low, high, 3)
+        return report.IntervalClaim("c", "7%", "median ratio", interval, (stats.BELOW, 0.93),
+                                    "bootstrap")  # fmt: skip
+
+    assert claim(0.85, 0.92).verdict == stats.HOLDS
+    assert claim(0.94, 1.02).verdict == stats.FAILS
+    assert claim(0.90, 0.96).verdict == stats.UNDECIDED
+    c = claim(0.85, 0.92)
+    assert c.rule == (
+        "median ratio. Holds if its 95% CI lies wholly below 0.93; does not hold if it lies "
+        "wholly above 0.93; otherwise undecided (within noise)"
+    )
+    row = c.row()
+    assert (row["ours_mean"], row["ci_low"], row["ci_high"], row["n_seeds"]) == (
+        0.885,
+        0.85,
+        0.92,
+        3,
+    )
+    assert c.ours() == "0.885 [0.85, 0.92]"
+    t_claim = report.Claim("t", "p", "q", [1.0, 2.0, 3.0], (0.0, stats.ABOVE))
+    table = report.claims_table([t_claim, c])
+    assert f"CI: {stats.CI_METHOD}; bootstrap." in table
+    assert f"CI: {stats.CI_METHOD}.\n" in report.claims_table([t_claim])  # as before
 
 
 def test_seeds_text_lists_the_seeds_per_group_of_arms():

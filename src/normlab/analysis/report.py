@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import matplotlib
 
@@ -44,6 +45,7 @@ class Claim:
     region: tuple[float, float]  # where the paper's side lies: (2, ABOVE) is "above 2"
     log: bool = False  # a ratio: geometric mean, CI on the log scale
     undecided: str = stats.UNDECIDED  # the verdict's words when the CI straddles the threshold
+    ci_method: ClassVar[str] = stats.CI_METHOD
 
     @property
     def interval(self) -> stats.Interval:
@@ -63,23 +65,64 @@ class Claim:
         )
 
     def ours(self) -> str:
-        i = self.interval
-        ci = f" [{fmt(i.low)}, {fmt(i.high)}]" if i.known else " [CI n/a]"
-        return f"{fmt(i.mean)}{ci}"
+        return _ours(self.interval)
 
     def row(self) -> dict[str, object]:
         """The claim's row of NAME.claims.csv."""
-        i = self.interval
-        return {
-            "claim": self.claim,
-            "paper_number": self.paper_number,
-            "ours_mean": i.mean,
-            "ci_low": i.low,
-            "ci_high": i.high,
-            "n_seeds": i.n,
-            "verdict": self.verdict,
-            "rule": self.rule,
-        }
+        return _row(self)
+
+
+@dataclass
+class IntervalClaim:
+    """A claim decided, by Claim's rule, on an interval computed elsewhere: e.g. the bootstrap
+    interval of a median over many values per seed (stats.bootstrap)."""
+
+    claim: str
+    paper_number: str
+    quantity: str  # what the interval is of, in words with its unit
+    interval: stats.Interval  # its estimate (as mean), low, high, and n seeds behind it
+    region: tuple[float, float]  # where the paper's side lies
+    ci_method: str  # how the interval was computed (the md's CI line)
+    undecided: str = stats.UNDECIDED
+
+    @property
+    def verdict(self) -> str:
+        return stats.verdict(self.interval, self.region, self.undecided)
+
+    @property
+    def rule(self) -> str:
+        side, other = stats.region_text(self.region)
+        return (
+            f"{self.quantity}. Holds if its 95% CI lies wholly {side}; does not hold if it lies "
+            f"wholly {other}; otherwise {self.undecided}"
+        )
+
+    def ours(self) -> str:
+        return _ours(self.interval)
+
+    def row(self) -> dict[str, object]:
+        """The claim's row of NAME.claims.csv."""
+        return _row(self)
+
+
+def _ours(i: stats.Interval) -> str:
+    ci = f" [{fmt(i.low)}, {fmt(i.high)}]" if i.known else " [CI n/a]"
+    return f"{fmt(i.mean)}{ci}"
+
+
+def _row(claim: Claim | IntervalClaim | AnyClaim) -> dict[str, object]:
+    """A claim's row of NAME.claims.csv."""
+    i = claim.interval
+    return {
+        "claim": claim.claim,
+        "paper_number": claim.paper_number,
+        "ours_mean": i.mean,
+        "ci_low": i.low,
+        "ci_high": i.high,
+        "n_seeds": i.n,
+        "verdict": claim.verdict,
+        "rule": claim.rule,
+    }
 
 
 @dataclass
@@ -91,6 +134,7 @@ class AnyClaim:
     claim: str
     paper_number: str
     parts: dict[str, Claim]  # label (e.g. "lr 0.001") -> that part's claim, tested on its own
+    ci_method: ClassVar[str] = stats.CI_METHOD
 
     ORDER = (stats.HOLDS, stats.UNDECIDED, stats.FAILS)
 
@@ -137,17 +181,7 @@ class AnyClaim:
 
     def row(self) -> dict[str, object]:
         """The claim's row of NAME.claims.csv."""
-        i = self.interval
-        return {
-            "claim": self.claim,
-            "paper_number": self.paper_number,
-            "ours_mean": i.mean,
-            "ci_low": i.low,
-            "ci_high": i.high,
-            "n_seeds": i.n,
-            "verdict": self.verdict,
-            "rule": self.rule,
-        }
+        return _row(self)
 
 
 @dataclass
@@ -156,7 +190,7 @@ class Result:
 
     figure: plt.Figure
     data: pd.DataFrame | None
-    claims: list  # Claim (seeded reproductions) or LegacyClaim
+    claims: list  # Claim, IntervalClaim, AnyClaim (seeded reproductions) or LegacyClaim
     notes: list[str] = field(default_factory=list)
 
 
@@ -295,8 +329,9 @@ def seeds_text(jobs: pd.DataFrame) -> str:
     return "; ".join([*parts, f"{', '.join(map(str, most_seeds))} for the other {len(most)} arms"])
 
 
-def claims_table(claims: list[Claim]) -> str:
-    """The claims as a markdown table (mean and 95% CI over seeds, verdict) and their rules."""
+def claims_table(claims: list[Claim | IntervalClaim | AnyClaim]) -> str:
+    """The claims as a markdown table (mean and 95% CI over seeds, verdict), their rules and how
+    their intervals were computed."""
     lines = [
         "| claim (as tested here) | paper | ours: mean [95% CI] | seeds | verdict |",
         "|---|---|---|---|---|",
@@ -306,7 +341,8 @@ def claims_table(claims: list[Claim]) -> str:
         lines.append("| " + " | ".join(cell(x) for x in cells) + " |")
     lines += ["", "Rules (in code: `normlab.analysis`; the rule each verdict was decided by):", ""]
     lines += [f"- *{c.claim}*: {c.rule}." for c in claims]
-    lines += ["", f"CI: {stats.CI_METHOD}.", ""]
+    methods = dict.fromkeys(c.ci_method for c in claims) or {stats.CI_METHOD: None}
+    lines += ["", f"CI: {'; '.join(methods)}.", ""]
     return "\n".join(lines)
 
 
