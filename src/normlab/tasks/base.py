@@ -76,17 +76,26 @@ class Task(pl.LightningModule):
         no_decay = [p for p in self.parameters() if p.requires_grad and p.ndim < 2]
         return [{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}]
 
-    def configure_optimizers(self):
+    def optimizer_and_scheduler(
+        self, total_steps: Callable[[], int]
+    ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+        """The `optim` config's optimizer over param_groups() and its per-step lr schedule
+        (`total_steps`: the run's length, asked for once the decay needs it)."""
         cfg = self.optim_cfg
         make: Callable[..., torch.optim.Optimizer] = cfg["optimizer"]
         optimizer = make(self.param_groups())
         factor = lr_lambda(
             cfg.get("schedule", "constant"),
             int(cfg.get("warmup_steps", 0)),
-            lambda: int(self.trainer.estimated_stepping_batches),
+            total_steps,
             float(cfg.get("min_lr_ratio", 0.0)),
         )
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+        return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+    def configure_optimizers(self):
+        optimizer, scheduler = self.optimizer_and_scheduler(
+            lambda: int(self.trainer.estimated_stepping_batches)
+        )
         return {
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
