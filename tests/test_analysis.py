@@ -20,6 +20,7 @@ from normlab.analysis import (
     gn_batch_size,
     ln_placement,
     report,
+    rmsnorm_speed,
     stats,
     sweep,
 )
@@ -543,3 +544,68 @@ def test_jobs_frame_has_one_row_per_job_with_its_identity(gn_sweep: Path):
     jobs = jobs_frame(runs, lambda r: r.get("norm"))
     assert list(jobs.columns) == report.JOBS_COLUMNS and len(jobs) == 5
     assert jobs["error"].tolist().count("RuntimeError: boom") == 1
+
+
+# ----- rmsnorm_speed: logs -> runs.csv -> claims ------------------------------------------------
+
+
+def _speed_run(norm: str, threads: int, seed: int, ratio: float, status: str = "ok") -> Run:
+    """A speed job: 301 timed pairs from step 10, LayerNorm's twin at 100 + seed ms and the norm's
+    twin at `ratio` +- 0.05 (evenly spread: every repeat's median ratio is `ratio`)."""
+    base = 100.0 + seed
+    ratios = ratio + np.linspace(-0.05, 0.05, 301)[::-1]
+    rows = [{"step": 0, "lr-AdamW/pg1": 1e-5}]  # a row of another metric: not a pair
+    rows += [{"step": 10 + i, "time/model_step_ms": r * base, "time/baseline_step_ms": base,
+              "time/baseline_first": float(i % 2)} for i, r in enumerate(ratios)]  # fmt: skip
+    overrides = {"experiment": "rmsnorm_speed", "norm": norm, "num_threads": str(threads),
+                 "seed": str(seed)}  # fmt: skip
+    return Run(overrides, status, Path("."), metrics=pd.DataFrame(rows))
+
+
+def _quality_run(norm: str, seed: int, final: float) -> Run:
+    overrides = {"experiment": "rmsnorm_quality", "norm": norm, "seed": str(seed)}
+    rows = [{"step": 299, "val/loss": 3.0}, {"step": 599, "val/loss": final}]
+    return Run(overrides, "ok", Path("."), metrics=pd.DataFrame(rows))
+
+
+def test_rmsnorm_speed_bootstrap_median_ratios_and_paired_val_loss(tmp_path: Path):
+    ratio = {("layernorm", 1): 1.0, ("layernorm", 2): 1.0, ("rmsnorm", 1): 0.85,
+             ("rmsnorm", 2): 1.0, ("prmsnorm", 1): 0.93, ("prmsnorm", 2): 0.96}  # fmt: skip
+    runs = [_speed_run(n, t, seed, r) for (n, t), r in ratio.items() for seed in range(3)]
+    runs[-1] = _speed_run("prmsnorm", 2, 2, 0.5, status="failed")  # left out: 2 repeats
+    ln = [2.40, 2.45, 2.42]
+    gaps = {"layernorm": [0.0] * 3, "rmsnorm": [0.01, 0.012, 0.008], "prmsnorm": [0.2, 0.21, 0.19]}
+    runs += [_quality_run(n, s, ln[s] + g[s]) for n, g in gaps.items() for s in range(3)]
+    data = rmsnorm_speed.extract(runs)
+    assert set(data.columns) == set(report.RUNS_COLUMNS)
+    speed = data[data["arm"].str.startswith("speed/")]
+    assert len(speed) == (6 * 3 - 1) * 301 * 3  # pairs x (both times, which went first)
+    assert set(speed["x"]) == set(range(10, 311))  # the run's steps
+    path = tmp_path / "runs.csv"
+    data.to_csv(path, index=False, float_format=report.FLOAT)
+    result = rmsnorm_speed.render(pd.read_csv(path))
+    claims = {c.claim: c for c in result.claims}
+    faster = "trains faster than LayerNorm by at least the paper's smallest gain (7%)"
+    rms1, rms2 = claims[f"RMSNorm {faster}, 1 thread"], claims[f"RMSNorm {faster}, 2 threads"]
+    prms1, prms2 = claims[f"pRMSNorm {faster}, 1 thread"], claims[f"pRMSNorm {faster}, 2 threads"]
+    assert rms1.interval.mean == pytest.approx(0.85, abs=1e-5) and rms1.verdict == stats.HOLDS
+    assert rms1.interval.n == 3 and rms1.interval.high < 0.93
+    assert rms2.verdict == stats.FAILS and rms2.interval.low > 0.93  # CI wholly above 0.93
+    assert prms1.interval.mean == pytest.approx(0.93, abs=1e-5)
+    assert prms1.interval.low < 0.93 < prms1.interval.high and prms1.verdict == stats.UNDECIDED
+    assert prms2.interval.n == 2 and prms2.verdict == stats.FAILS
+    assert rms1.region == (stats.BELOW, 0.93) and "bootstrap" in rms1.ci_method
+    comparable = "val loss is within 0.05 nats of LayerNorm's (comparable quality)"
+    rms_q, prms_q = claims[f"RMSNorm's {comparable}"], claims[f"pRMSNorm's {comparable}"]
+    assert rms_q.values == pytest.approx(gaps["rmsnorm"], abs=1e-5)
+    assert rms_q.verdict == stats.HOLDS and rms_q.region == (-0.05, 0.05)
+    assert prms_q.verdict == stats.FAILS and "after 600 steps" in prms_q.quantity
+    control = next(n for n in result.notes if n.startswith("LayerNorm (control), 1 thread"))
+    assert "seed 0: 1.000, seed 1: 1.000, seed 2: 1.000" in control
+    assert "stepped first in 450 of 903 pairs" in control  # odd pairs: 150 a repeat
+    again = rmsnorm_speed.render(pd.read_csv(path))  # a redraw: the same bootstrap draws
+    assert [c.row() for c in again.claims] == [c.row() for c in result.claims]
+    plt.close(result.figure)
+    plt.close(again.figure)
+    assert rmsnorm_speed.arm(runs[0]) == "speed/layernorm/t1"
+    assert rmsnorm_speed.arm(runs[-1]) == "quality/prmsnorm"

@@ -179,14 +179,35 @@ REPRODUCTIONS: dict[str, Reproduction] = {
         Reproduction(
             name="rmsnorm_speed",
             title="RMSNorm is faster than LayerNorm at comparable quality (Zhang & Sennrich 2019)",
-            grids=(Grid("", "rmsnorm_speed"),),
-            full=Budget(
-                NO_TEST,
-                "3 jobs (layernorm, rmsnorm, prmsnorm) one at a time, 300 steps of 32 windows, "
-                "Pre-LN, depth 4, d_model 128",
+            grids=(
+                Grid(
+                    "speed",
+                    "rmsnorm_speed",
+                    quick=(
+                        "trainer.max_steps=25",
+                        "trainer.max_epochs=3",  # QUICK_LM's 2 epochs of 10 would stop it at 20
+                        "callbacks.paired_step_time.warmup=5",
+                    ),
+                ),
+                Grid("quality", "rmsnorm_quality", quick=("trainer.val_check_interval=5",)),
             ),
-            quick=Budget(QUICK_LM, "3 jobs one at a time, 20 steps of 16 windows"),
-            analyze=rmsnorm_speed.analyze,
+            full=Budget(
+                (),
+                "speed: LayerNorm (control), RMSNorm, pRMSNorm x 1, 2 threads x 3 seeds as "
+                "repeats, each job 10 warmup + 300 timed pairs (the norm's twin and LayerNorm's "
+                "twin, one step each after each of the run's 310 steps); quality: LayerNorm, "
+                "RMSNorm, pRMSNorm x 3 seeds, 600 AdamW steps, val loss every 50; Pre-LN, depth "
+                "4, d_model 128, 32 windows of 64 characters a step: 18 + 9 jobs, one at a time",
+            ),
+            quick=Budget(
+                # one thread: jobs at 2 threads crawl on a machine busy with other work
+                (*QUICK_LM, "model.net.d_model=32", "num_threads=1"),
+                "speed: 3 norms x 2 seeds, 5 warmup + 20 timed pairs; quality: 3 norms x 2 "
+                "seeds, 20 steps; d_model 32, 16 windows a step, 1 thread: 6 + 6 jobs",
+            ),
+            arm=rmsnorm_speed.arm,
+            extract=rmsnorm_speed.extract,
+            render=rmsnorm_speed.render,
             requires=("model/transformer.yaml",),
             max_jobs=1,  # timings: one job at a time, so the jobs do not slow each other
         ),
