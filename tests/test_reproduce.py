@@ -20,7 +20,7 @@ SCRIPT = [sys.executable, str(REPO / "scripts" / "reproduce.py")]
 sys.path.insert(0, str(REPO / "scripts"))
 script = importlib.import_module("reproduce")  # scripts/reproduce.py
 # Rendered with --quick in CI's slow run; the others need models being written elsewhere.
-CI_NAMES = ["bn_lenet", "gn_batch_size", "ln_placement", "rmsnorm_speed"]
+CI_NAMES = ["bn_lenet", "gn_batch_size", "ln_placement", "deepnorm_depth", "rmsnorm_speed"]
 
 
 def reproduce(*args: str, root: Path) -> subprocess.CompletedProcess:
