@@ -1,7 +1,10 @@
 """fid_lenet of a DiT checkpoint (EMA weights) against the Fashion-MNIST test set.
 
     python scripts/fid.py CKPT [--num-samples 1000] [--steps 25] [--guidance-scale G]
-                               [--lenet outputs/fid_lenet/lenet.pt] [--seed 0]
+                               [--lenet outputs/fid_lenet/lenet.pt] [--seed 0] [--num-threads 1]
+
+Different --seed values draw disjoint starting noise: two seeds of one checkpoint give the
+resampling noise of fid_lenet. The JSON line also reports the sampling time in seconds.
 
 The model is rebuilt from the run's composed config (<run dir>/.hydra/config.yaml, the run dir
 being CKPT/../..; or --config). fid_lenet is NOT Inception FID: see normlab.fid.
@@ -12,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -33,7 +37,9 @@ def main() -> None:
     parser.add_argument("--guidance-scale", type=float, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=500)
+    parser.add_argument("--num-threads", type=int, default=1, help="torch threads (CPU)")
     args = parser.parse_args()
+    torch.set_num_threads(args.num_threads)
 
     cfg = OmegaConf.load(args.config or args.ckpt.parent.parent / ".hydra" / "config.yaml")
     task = instantiate(cfg.model)
@@ -41,9 +47,11 @@ def main() -> None:
     task.load_state_dict(state)
     features = fid.load_feature_extractor(args.lenet)
     reference = fid.feature_stats(features(fid.fashion_mnist_test_pixels(args.data_root)))
+    start = time.perf_counter()
     generated = fid.generate_pixels(
         task, args.num_samples, args.steps, args.guidance_scale, args.seed, args.batch_size
     )
+    sample_seconds = time.perf_counter() - start
     value = fid.fid_lenet(features, generated, reference)
     print(
         json.dumps(
@@ -51,10 +59,13 @@ def main() -> None:
                 "ckpt": str(args.ckpt),
                 "fid_lenet": value,
                 "num_samples": args.num_samples,
+                "seed": args.seed,
                 "steps": args.steps or task.sample_steps,
                 "guidance_scale": task.guidance_scale
                 if args.guidance_scale is None
                 else args.guidance_scale,
+                "sample_seconds": round(sample_seconds, 1),
+                "num_threads": args.num_threads,
             }
         )
     )

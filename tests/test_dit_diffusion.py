@@ -100,6 +100,17 @@ def test_guidance_scale_one_is_the_conditional_prediction():
         torch.testing.assert_close(task.guided_eps(net, x, t, y, 0.0), uncond)
 
 
+def test_guidance_scale_one_runs_the_net_once_per_step():
+    task = tiny_task()
+    calls = []
+    task.ema.register_forward_hook(lambda module, args, out: calls.append(args[0].shape[0]))
+    task.sample(torch.arange(4), steps=3, guidance_scale=1.0, seed=0)
+    assert calls == [4, 4, 4]  # conditional pass only
+    calls.clear()
+    task.sample(torch.arange(4), steps=3, guidance_scale=1.5, seed=0)
+    assert calls == [8, 8, 8]  # conditional and null label in one batch
+
+
 def test_ddim_timesteps_cover_the_schedule():
     ts = tiny_task().ddim_timesteps(50)
     assert ts[0] == 999 and ts[-1] == 0 and len(ts) == 50

@@ -78,3 +78,27 @@ def test_test_set_halves_are_close_and_noise_is_far(extractor):
 def test_missing_extractor_names_the_script(tmp_path):
     with pytest.raises(ConfigError, match="scripts/train_fid_lenet.py"):
         fid.load_feature_extractor(tmp_path / "nothing.pt")
+
+
+class RecordingTask:
+    """Stands in for a DiffusionTask: records the seed of each sampled batch."""
+
+    num_classes = 10
+
+    def __init__(self):
+        self.seeds = []
+
+    def sample_pixels(self, y, steps=None, guidance_scale=None, seed=0):
+        self.seeds.append(seed)
+        return torch.zeros(len(y), 1, 28, 28)
+
+
+def test_sample_sets_of_different_seeds_share_no_starting_noise():
+    sets = {}
+    for seed in (0, 1):
+        task = RecordingTask()
+        pixels = fid.generate_pixels(task, 5000, seed=seed, batch_size=500)
+        assert pixels.shape == (5000, 1, 28, 28)
+        sets[seed] = task.seeds
+    assert sets[0] == list(range(10))  # seed 0: the batch seeds val/fid_lenet always used
+    assert len(sets[0]) == 10 and not set(sets[0]) & set(sets[1])

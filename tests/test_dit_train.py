@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -57,6 +58,17 @@ def test_train_experiment_dit_writes_samples_and_fid(tmp_path):
     keys = {k for row in rows for k, v in row.items() if v}
     assert {"train/loss_step", "val/loss", "val/fid_lenet", "test/loss"} <= keys
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+
+    # scripts/fid.py scores the checkpoint: one JSON line with its settings and sampling time
+    cmd = [sys.executable, "scripts/fid.py", str(run_dir / "checkpoints" / "last.ckpt"),
+           "--lenet", str(lenet), "--num-samples", "20", "--steps", "2", "--seed", "1",
+           "--guidance-scale", "1.0", "--batch-size", "10"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=os.environ.copy())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["num_samples"] == 20 and result["seed"] == 1 and result["steps"] == 2
+    assert result["guidance_scale"] == 1.0 and result["num_threads"] == 1
+    assert result["fid_lenet"] > 0 and result["sample_seconds"] >= 0
 
 
 def test_conditioning_sweep_lists_the_four_conditionings():

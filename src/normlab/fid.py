@@ -142,6 +142,9 @@ def fashion_mnist_test_pixels(root: str | Path) -> torch.Tensor:
 # ----- scoring a diffusion model -------------------------------------------------------------
 
 
+SEED_STRIDE = 10_000  # batch seeds of one sample set: seed * SEED_STRIDE + batch index
+
+
 def generate_pixels(
     task: Any,
     num_samples: int,
@@ -151,11 +154,16 @@ def generate_pixels(
     batch_size: int = 500,
 ) -> torch.Tensor:
     """`num_samples` images in [0, 1], classes balanced (label i % num_classes), batch i seeded
-    with seed + i, from the task's EMA weights."""
+    with seed * SEED_STRIDE + i, from the task's EMA weights: different seeds draw disjoint
+    starting noise (up to SEED_STRIDE batches)."""
     labels = torch.arange(num_samples) % task.num_classes
+    batches = labels.split(batch_size)
+    if len(batches) > SEED_STRIDE:
+        raise ConfigError(f"fid: {len(batches)} batches, at most {SEED_STRIDE} per seed")
     return torch.cat([
-        task.sample_pixels(y, steps=steps, guidance_scale=guidance_scale, seed=seed + i).cpu()
-        for i, y in enumerate(labels.split(batch_size))
+        task.sample_pixels(y, steps=steps, guidance_scale=guidance_scale,
+                           seed=seed * SEED_STRIDE + i).cpu()
+        for i, y in enumerate(batches)
     ])  # fmt: skip
 
 

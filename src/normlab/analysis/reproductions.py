@@ -217,8 +217,8 @@ REPRODUCTIONS: dict[str, Reproduction] = {
             grids=(Grid("", "dit_conditioning"),),
             full=Budget(
                 ("batch=64",),
-                "4 jobs (adaln_zero, adaln, cross_attn, in_context), 900 steps of 64 images, "
-                "val/fid_lenet of 1000 samples after 450 and 900 steps",
+                "4 jobs (adaln_zero, adaln, cross_attn, in_context), 2400 steps of 64 images, "
+                "val/fid_lenet of 1000 samples after the last step",
             ),
             quick=Budget(
                 (

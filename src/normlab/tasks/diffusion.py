@@ -179,7 +179,11 @@ class DiffusionTask(Task):
     def guided_eps(
         self, net: nn.Module, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, scale: float
     ) -> torch.Tensor:
-        """Classifier-free guidance: eps_uncond + scale * (eps_cond - eps_uncond)."""
+        """Classifier-free guidance: eps_uncond + scale * (eps_cond - eps_uncond).
+
+        At scale 1 that is eps_cond: one forward pass instead of two."""
+        if scale == 1.0:
+            return net(x, t, y)  # (B, C, H, W)
         null = torch.full_like(y, net.null_class)
         both = net(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, null]))  # (2B, C, H, W)
         eps_cond, eps_uncond = both.chunk(2)
