@@ -149,7 +149,7 @@ PENDING = ["rmsnorm_speed"]  # seeded, its full run's evidence not committed yet
 
 def test_the_seeded_reproductions_have_committed_evidence():
     assert COMMITTED == [n for n in SEEDED if n not in PENDING]
-    assert COMMITTED == ["bn_lenet", "gn_batch_size", "ln_placement"]
+    assert COMMITTED == ["bn_lenet", "gn_batch_size", "ln_placement", "deepnorm_depth"]
 
 
 @pytest.mark.parametrize("name", COMMITTED)
