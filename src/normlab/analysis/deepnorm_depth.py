@@ -201,9 +201,10 @@ def _styles(depths: list[int]) -> dict[int, str]:
     return {d: styles[len(styles) - len(depths) + k] for k, d in enumerate(depths)}
 
 
-def _update_panel(ax: plt.Axes, data: pd.DataFrame, depths: list[int], warmup: int) -> None:
+def _update_panel(
+    ax: plt.Axes, data: pd.DataFrame, depths: list[int], warmup: int, styles: dict[int, str]
+) -> None:
     """update_norm against step: geometric mean over seeds and its 95% CI per placement, depth."""
-    styles = _styles(depths)
     for k, placement in enumerate(PLACEMENTS):
         for depth in depths:
             table = updates(data, placement, depth, warmup)
@@ -267,9 +268,10 @@ def _early_panel(ax: plt.Axes, data: pd.DataFrame, depths: list[int], warmups: l
     ax.legend(fontsize=7)
 
 
-def _loss_panel(ax: plt.Axes, data: pd.DataFrame, depths: list[int]) -> None:
+def _loss_panel(
+    ax: plt.Axes, data: pd.DataFrame, depths: list[int], styles: dict[int, str]
+) -> None:
     """Val loss curves: each seed thin, the mean over seeds thick; a diverged job at ln 65."""
-    styles = _styles(depths)
     for k, placement in enumerate(PLACEMENTS):
         for depth in depths:
             arm_ = f"{placement}/d{depth}"
@@ -302,12 +304,13 @@ def render(data: pd.DataFrame) -> Result:
     the val loss curves of the loss grid."""
     depths, warmups = update_grid(data)
     deep = loss_depths(data)
+    styles = _styles(sorted(set(depths) | set(deep)))  # a depth's line style in every panel
     fig, axes = plt.subplots(2, 2, figsize=(13, 9))
     for ax, warmup in zip((axes[0][0], axes[0][1]), warmups, strict=False):
-        _update_panel(ax, data, depths, warmup)
+        _update_panel(ax, data, depths, warmup, styles)
     if depths:
         _early_panel(axes[1][0], data, depths, warmups)
-    _loss_panel(axes[1][1], data, deep)
+    _loss_panel(axes[1][1], data, deep, styles)
     fig.suptitle("Depth: Post-LN vs DeepNorm, char-level GPT (d_model 64; DeepNet)")
     fig.tight_layout()
     claims = [c for w in warmups for c in _update_claims(data, depths, w)] if depths else []
