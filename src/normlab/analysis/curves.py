@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
@@ -77,3 +78,15 @@ def diverged_seeds(data: pd.DataFrame) -> str:
     rows = data[(data["metric"] == "diverged") & (data["value"] == 1)]
     counts = rows.groupby("arm")["seed"].apply(list)
     return "; ".join(f"{a} seeds {s}" for a, s in counts.items()) or "none"
+
+
+def seed_curves(ax: plt.Axes, data: pd.DataFrame, arm: str, style: str, color: str, label: str):
+    """An arm's val loss against steps: each seed thin, the mean over seeds thick, labelled
+    `label` with {n} replaced by the number of seeds (nothing drawn without runs)."""
+    curves = metric(data, arm, "val/loss").pivot(index="x", columns="seed", values="value")
+    for seed in curves.columns:
+        ax.plot(curves.index, curves[seed], style, color=color, alpha=0.25, lw=0.8)
+    if len(curves.columns):
+        mean = curves.dropna().mean(axis=1)
+        ax.plot(mean.index, mean.values, style, color=color, lw=2,
+                label=label.format(n=len(curves.columns)))  # fmt: skip

@@ -22,6 +22,7 @@ from normlab.analysis.curves import (
     final_loss,
     metric,
     paired,
+    seed_curves,
     val_loss_rows,
 )
 from normlab.analysis.logs import Run
@@ -275,21 +276,10 @@ def _loss_panel(
     for k, placement in enumerate(PLACEMENTS):
         for depth in depths:
             arm_ = f"{placement}/d{depth}"
-            curves = metric(data, arm_, "val/loss").pivot(index="x", columns="seed", values="value")
-            style = styles[depth]
-            for seed in curves.columns:
-                ax.plot(curves.index, curves[seed], style, color=f"C{k}", alpha=0.25, lw=0.8)
-            if len(curves.columns):
-                finals = final_loss(data, arm_)
-                i = Interval.of(finals)
-                ci = f" [{i.low:.3f}, {i.high:.3f}]" if i.known else ""
-                ax.plot(
-                    curves.dropna().mean(axis=1),
-                    style,
-                    color=f"C{k}",
-                    lw=2,
-                    label=f"{PLACEMENTS[placement]}, depth {depth}: final {i.mean:.3f}{ci}",
-                )
+            i = Interval.of(final_loss(data, arm_))
+            ci = f" [{i.low:.3f}, {i.high:.3f}]" if i.known else ""
+            label = f"{PLACEMENTS[placement]}, depth {depth}: final {i.mean:.3f}{ci}"
+            seed_curves(ax, data, arm_, styles[depth], f"C{k}", label)
     ax.set(
         xlabel="training step",
         ylabel="val loss (nats/char)",

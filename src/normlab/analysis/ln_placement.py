@@ -23,6 +23,7 @@ from normlab.analysis.curves import (
     final_loss,
     metric,
     paired,
+    seed_curves,
     val_loss_rows,
 )
 from normlab.analysis.logs import Run
@@ -255,20 +256,8 @@ def _curves(ax: plt.Axes, data: pd.DataFrame, lr: float, warm: int) -> None:
     """Val loss against steps at one lr: each seed thin, the mean over seeds thick."""
     for k, (placement, label) in enumerate(PLACEMENTS.items()):
         for warmup, style in ((0, "--"), (warm, "-")):
-            rows = metric(data, _arm(placement, lr, warmup), "val/loss")
-            curves = rows.pivot(index="x", columns="seed", values="value")
-            for seed in curves.columns:
-                ax.plot(curves.index, curves[seed], style, color=f"C{k}", alpha=0.25, lw=0.8)
-            if len(curves.columns):
-                mean = curves.dropna().mean(axis=1)
-                ax.plot(
-                    mean.index,
-                    mean.values,
-                    style,
-                    color=f"C{k}",
-                    lw=2,
-                    label=f"{label}, warmup {warmup} ({len(curves.columns)} seeds)",
-                )
+            seed_curves(ax, data, _arm(placement, lr, warmup), style, f"C{k}",
+                        f"{label}, warmup {warmup} ({{n}} seeds)")  # fmt: skip
     ax.set(
         xlabel="training step",
         ylabel="val loss (nats/char)",
