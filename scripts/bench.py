@@ -13,7 +13,7 @@ turn, in a random order each round, the ratio taken per round, then the median o
 stepping a twin model after each of normlab's steps in the same run (_timing.PairedSteps), the
 ratio taken per pair, then the median; whole runs of each side, in turn, give the other rows.
 Prints markdown tables and writes outputs/bench/<part>.csv and <part>.md (outputs/bench/keep_heap/
-with --keep-heap).
+with --keep-heap; --out DIR writes them to DIR instead).
 
 --keep-heap: glibc returns freed memory above a threshold to the OS (large blocks are mmapped,
 the heap top is trimmed), so a path that allocates many full-size temporaries pays page faults
@@ -449,6 +449,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--keep-heap", action="store_true", help="glibc: no mmap/trim of freed memory (see top)"
     )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="dir for <part>.csv and .md (default: outputs/bench/, keep_heap/ under it with "
+        "--keep-heap)",
+    )
     args = parser.parse_args(argv)
     heap = "default"
     if args.keep_heap:
@@ -465,7 +472,7 @@ def main(argv: list[str] | None = None) -> None:
         f"heap: {heap}"
     )
     print(setting)
-    out = OUT / "keep_heap" if args.keep_heap else OUT  # a run's tables by its heap setting
+    out = args.out or (OUT / "keep_heap" if args.keep_heap else OUT)  # default: by heap setting
 
     def report(part: str, title: str, rows: list[dict], cols: list[str]) -> None:
         """Print the table; write <out>/<part>.csv and <part>.md (with the command and setting)."""

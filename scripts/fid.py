@@ -1,7 +1,7 @@
 """fid_lenet of a DiT checkpoint (EMA weights) against the Fashion-MNIST test set.
 
     python scripts/fid.py CKPT [--num-samples 1000] [--steps 25] [--guidance-scale G]
-                               [--lenet outputs/fid_lenet/lenet.pt] [--seed 0] [--num-threads 1]
+                               [--lenet FILE] [--seed 0] [--num-threads 1]
 
 Different --seed values draw disjoint starting noise: two seeds of one checkpoint give the
 resampling noise of fid_lenet. The JSON line also reports the sampling time in seconds.
@@ -23,14 +23,17 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 import normlab.config  # noqa: F401  (registers the resolvers the run's config uses)
-from normlab import fid
+from normlab import fid, fid_train
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("ckpt", type=Path, help="a checkpoint of a diffusion run")
     parser.add_argument("--config", type=Path, help="default: CKPT/../../.hydra/config.yaml")
-    parser.add_argument("--lenet", default="outputs/fid_lenet/lenet.pt", help="fid_lenet file")
+    parser.add_argument(
+        "--lenet",
+        help="fid_lenet file (default: normlab.fid_train's cached LeNet, trained if missing)",
+    )
     parser.add_argument("--data-root", default=os.environ.get("NORMLAB_DATA", "data"))
     parser.add_argument("--num-samples", type=int, default=1000)
     parser.add_argument("--steps", type=int, default=None, help="DDIM steps (default: model's)")
@@ -45,7 +48,7 @@ def main() -> None:
     task = instantiate(cfg.model)
     state = torch.load(args.ckpt, map_location="cpu", weights_only=False)["state_dict"]
     task.load_state_dict(state)
-    features = fid.load_feature_extractor(args.lenet)
+    features = fid.load_feature_extractor(args.lenet or fid_train.ensure(data_root=args.data_root))
     reference = fid.feature_stats(features(fid.fashion_mnist_test_pixels(args.data_root)))
     start = time.perf_counter()
     generated = fid.generate_pixels(

@@ -42,9 +42,8 @@ def list_names() -> str:
     for r in REPRODUCTIONS.values():
         missing = r.missing()
         state = f"  [not available: conf/{', conf/'.join(missing)} missing]" if missing else ""
-        seeds = "" if r.seeded else "  [one seed per arm until it moves onto seeds]"
         lines += [
-            f"{r.name}: {r.title}{state}{seeds}",
+            f"{r.name}: {r.title}{state}",
             f"    full:  {r.full.text}",
             f"    quick: {r.quick.text}",
         ]
@@ -71,8 +70,6 @@ def seeds_given(repro: Reproduction, jobs: pd.DataFrame, quick: bool) -> int:
 def redraw(name: str, quick: bool, root: Path) -> dict[str, Path]:
     """Draw NAME's figure, md and claims from its runs.csv and jobs.csv alone."""
     repro = REPRODUCTIONS[name]
-    if not repro.seeded:
-        raise SystemExit(f"{name}: --redraw needs a seeded reproduction (its runs.csv)")
     out = sweep.figures_dir(root, quick)
     paths = report.evidence_paths(out, name)
     if not paths["runs"].is_file():
@@ -92,32 +89,24 @@ def reproduce(name: str, quick: bool, jobs: int, root: Path, seeds: int | None) 
     missing = repro.missing()
     if missing:
         raise SystemExit(f"{name}: needs conf/{', conf/'.join(missing)} (not there yet)")
-    if not repro.seeded:
-        seeds = None
-    elif seeds is None:
+    if seeds is None:
         seeds = default_seeds(quick)
     seconds = sweep.run(repro, quick, root, jobs, seeds)
     runs = sweep.runs(repro, quick, root, seeds)
     if not runs:
         raise SystemExit(f"{name}: no jobs in {sweep.sweep_dir(root, name, quick)}")
+    if repro.finish is not None:
+        repro.finish(runs, max(1, min(jobs, repro.max_jobs or jobs)), sweep.REPO)
     not_ok = [r for r in runs if r.status != "ok"]
     if not_ok:
         print(f"{name}: {len(not_ok)} of {len(runs)} jobs not ok (see the md's jobs table)")
-    out = sweep.figures_dir(root, quick)
-    if repro.seeded:
-        paths = report.evidence_paths(out, name)
-        paths["runs"].parent.mkdir(parents=True, exist_ok=True)
-        data = repro.extract(runs)[report.RUNS_COLUMNS]
-        data.to_csv(paths["runs"], index=False, float_format=report.FLOAT)
-        job_rows = sweep.jobs_frame(runs, repro.arm)
-        job_rows.to_csv(paths["jobs"], index=False, float_format=report.FLOAT)
-        paths = redraw(name, quick, root)  # the md comes from the files, as --redraw makes it
-    else:
-        cmd = command_text(name, quick, None)
-        paths = report.write(
-            repro.analyze(runs), out, name, repro.title, cmd, repro.budget(quick).text, runs,
-            seconds,
-        )  # fmt: skip
+    paths = report.evidence_paths(sweep.figures_dir(root, quick), name)
+    paths["runs"].parent.mkdir(parents=True, exist_ok=True)
+    data = repro.extract(runs)[report.RUNS_COLUMNS]
+    data.to_csv(paths["runs"], index=False, float_format=report.FLOAT)
+    job_rows = sweep.jobs_frame(runs, repro.arm)
+    job_rows.to_csv(paths["jobs"], index=False, float_format=report.FLOAT)
+    paths = redraw(name, quick, root)  # the md comes from the files, as --redraw makes it
     print(f"{name}: {seconds:.0f} s, wrote {paths['md']} (+ figure, data)", flush=True)
     return paths["md"]
 
@@ -153,8 +142,6 @@ def main(argv: list[str] | None = None) -> None:
     if args.name not in (*REPRODUCTIONS, "all"):
         parser.error(f"NAME must be one of {list(REPRODUCTIONS)} or 'all', got {args.name!r}")
     names = list(REPRODUCTIONS) if args.name == "all" else [args.name]
-    if args.redraw and args.name == "all":
-        names = [n for n in names if REPRODUCTIONS[n].seeded]
     start, failed = time.time(), []
     for name in names:
         try:

@@ -17,6 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("NORMLAB_DATA", str((REPO.parent / "shared" / "data").resolve()))
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
+os.environ.setdefault("NORMLAB_PROGRESS", "none")  # no progress bar or epoch lines in test output
 
 # Every run in tests: one epoch of a few batches, CSV only, no test split unless asked.
 TINY = [

@@ -99,14 +99,69 @@ def test_film_is_gamma_x_plus_beta():
     torch.testing.assert_close(layer(x, z), gamma[:, :, None, None] * x + beta[:, :, None, None])
 
 
-def test_scale_shift_norm_is_groupnorm_then_modulation():
+def adm_scale_shift_norm(layer, x, emb, num_groups):
+    """guided-diffusion's ResBlock with use_scale_shift_norm, computed independently: an affine
+    torch.nn.GroupNorm run in fp32 and cast back, then (scale, shift) = Linear(SiLU(emb))."""
+    gn = torch.nn.GroupNorm(num_groups, x.shape[1], eps=1e-5, affine=True)
+    gn.load_state_dict({"weight": layer.norm.weight, "bias": layer.norm.bias})
+    lin = layer.modulation[1]
+    emb_out = (F.silu(emb) @ lin.weight.T + lin.bias).to(x.dtype)[:, :, None, None]
+    scale, shift = emb_out.chunk(2, dim=1)  # ADM's order: scale first
+    return gn(x.float()).to(x.dtype) * (1 + scale) + shift
+
+
+def randomize_affine(layer):
+    torch.manual_seed(2)
+    layer.norm.weight.data.normal_()
+    layer.norm.bias.data.normal_()
+
+
+def test_scale_shift_norm_is_adm_groupnorm_with_affine_then_scale_shift():
     layer = ScaleShiftNorm(C, 4, num_groups=3)
     randomize(layer)
+    randomize_affine(layer)
     x, emb = torch.randn(B, C, 5, 5), torch.randn(B, 4)
-    shift, scale = regress(layer, emb)
-    h = F.group_norm(x, 3, eps=1e-5)
-    expected = h * (1 + scale[:, :, None, None]) + shift[:, :, None, None]
-    torch.testing.assert_close(layer(x, emb), expected)
+    torch.testing.assert_close(layer(x, emb), adm_scale_shift_norm(layer, x, emb, 3))
+
+
+def test_scale_shift_norm_chunks_scale_then_shift():
+    layer = ScaleShiftNorm(C, 4, num_groups=3)
+    lin = layer.modulation[1]
+    torch.nn.init.zeros_(lin.weight)
+    scale, shift = torch.full((C,), 2.0), torch.full((C,), 0.5)
+    lin.bias.data.copy_(torch.cat([scale, shift]))  # first chunk: scale, second: shift
+    x, emb = torch.randn(B, C, 5, 5), torch.randn(B, 4)
+    h = F.group_norm(x, 3, layer.norm.weight, layer.norm.bias, eps=1e-5)
+    torch.testing.assert_close(layer(x, emb), h * 3.0 + 0.5)
+
+
+def test_scale_shift_norm_state_dict_has_the_groupnorm_affine():
+    layer = ScaleShiftNorm(C, 4, num_groups=3)
+    assert set(layer.state_dict()) == {
+        "norm.weight",
+        "norm.bias",
+        "modulation.1.weight",
+        "modulation.1.bias",
+    }
+    assert layer.norm.weight.shape == layer.norm.bias.shape == (C,)
+    assert torch.equal(layer.norm.weight, torch.ones(C))  # GroupNorm's own init
+    assert torch.equal(layer.norm.bias, torch.zeros(C))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_scale_shift_norm_low_precision_input_keeps_statistics_in_fp32(dtype):
+    layer = ScaleShiftNorm(C, 4, num_groups=3)
+    randomize(layer)
+    randomize_affine(layer)
+    seen = []
+    layer.norm.register_forward_pre_hook(lambda _m, args: seen.append(args[0].dtype))
+    # a large common offset: fp16/bf16 statistics would lose most of the variation
+    x = (300 + torch.randn(B, C, 5, 5)).to(dtype)
+    emb = torch.randn(B, 4)
+    y = layer(x, emb)
+    assert seen == [torch.float32]  # the GroupNorm ran on x.float()
+    assert y.dtype == dtype
+    torch.testing.assert_close(y, adm_scale_shift_norm(layer, x, emb, 3), rtol=0, atol=0)
 
 
 def test_gradients_reach_the_regression():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import shutil
 import subprocess
@@ -12,11 +13,13 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import pytest
+from omegaconf import OmegaConf
 
 from normlab import summary
 from normlab.analysis import (
     bn_lenet,
     deepnorm_depth,
+    dit_conditioning,
     gn_batch_size,
     ln_placement,
     report,
@@ -81,9 +84,9 @@ def test_load_sweep_filters_by_overrides(gn_sweep: Path):
 
 
 def test_claim_table_escapes_bars_in_cells():
-    claim = report.LegacyClaim("c", "||F(x)||", "1", True, "r")
-    row = report.claims_markdown([claim]).splitlines()[2]
-    assert row == "| c | \\|\\|F(x)\\|\\| | 1 | holds |"
+    claim = report.Claim("c", "||F(x)||", "q", [1.0, 1.0, 1.0], (0.0, stats.ABOVE))
+    row = report.claims_table([claim]).splitlines()[2]
+    assert row == "| c | \\|\\|F(x)\\|\\| | 1 [1, 1] | 3 | **holds** |"
 
 
 # ----- claims as measurements -------------------------------------------------------------------
@@ -485,6 +488,10 @@ def test_deepnorm_depth_a_bounded_post_ln_fails_the_growth_claims():
     plt.close(result.figure)
 
 
+# a reproduction's analysis where a test needs none: arm, extract, render
+ANALYSIS = (str, pd.DataFrame, lambda data: None)
+
+
 # ----- sweeps of a reproduction ---------------------------------------------------------------
 
 
@@ -520,7 +527,7 @@ def test_a_grid_with_its_own_seeds_keeps_them_under_the_full_budget(tmp_path, mo
     assert (own.seed_count(3, False), other.seed_count(3, False)) == (10, 3)
     assert own.seed_count(2, True) == 2  # --quick, a smoke test: --seeds for every grid
     assert own.seed_count(None, False) is None  # a reproduction without seeds
-    repro = Reproduction("demo", "t", (own, other), Budget((), "f"), Budget((), "q"))
+    repro = Reproduction("demo", "t", (own, other), Budget((), "f"), Budget((), "q"), *ANALYSIS)
     commands = []
     monkeypatch.setattr(sweep.subprocess, "run", lambda cmd, **kw: commands.append(cmd) or
                         subprocess.CompletedProcess(cmd, 0))  # fmt: skip
@@ -609,3 +616,92 @@ def test_rmsnorm_speed_bootstrap_median_ratios_and_paired_val_loss(tmp_path: Pat
     plt.close(again.figure)
     assert rmsnorm_speed.arm(runs[0]) == "speed/layernorm/t1"
     assert rmsnorm_speed.arm(runs[-1]) == "quality/prmsnorm"
+
+
+# ----- dit_conditioning: logs -> runs.csv -> claims ---------------------------------------------
+
+
+def _dit_run(root: Path, conditioning: str, seed: int, fid: float, loss: float,
+             resampled: float | None = None) -> Run:  # fmt: skip
+    """A finished DiT job: its config (fid settings, depth), val loss per epoch and final fid."""
+    run_dir = root / f"{conditioning}-{seed}"
+    (run_dir / ".hydra").mkdir(parents=True)
+    fid_cfg = {"num_samples": 5000, "steps": None, "guidance_scale": 1.0, "seed": 0}
+    net = {"size": "tiny", "depth": None, "conditioning": conditioning}
+    cfg = {"callbacks": {"fid": fid_cfg}, "model": {"sample_steps": 25, "guidance_scale": 1.5,
+                                                    "net": net}}  # fmt: skip
+    (run_dir / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    if resampled is not None:
+        (run_dir / dit_conditioning.RESAMPLE_FILE).write_text(f'{{"fid_lenet": {resampled}}}\n')
+    metrics = pd.DataFrame(
+        [
+            {"step": 299, "val/loss": loss + 0.05},
+            {"step": 599, "val/loss": loss, "val/fid_lenet": fid},
+        ]
+    )
+    overrides = {"experiment": "dit_conditioning", dit_conditioning.KEY: conditioning,
+                 "seed": str(seed)}  # fmt: skip
+    return Run(overrides, "ok", run_dir, metrics=metrics)
+
+
+def test_dit_conditioning_pairwise_ranks_ties_and_the_best_of_four(tmp_path: Path):
+    fid = {"adaln_zero": 10.0, "adaln": 12.0, "cross_attn": 12.0, "in_context": 20.0}
+    jitter = {"adaln": [0.5, -0.5, 0.1], "cross_attn": [-0.5, 0.5, -0.1]}  # adaLN ~ cross-attn
+    runs = [
+        _dit_run(tmp_path, c, s, f + [0.0, 0.2, -0.2][s] + jitter.get(c, [0, 0, 0])[s],
+                 0.05 + 0.001 * f, resampled=f + 0.3 if s == 0 else None)
+        for c, f in fid.items() for s in range(3)
+    ]  # fmt: skip
+    runs.append(Run({"experiment": "dit_conditioning", dit_conditioning.KEY: "adaln", "seed": "3"},
+                    "failed", tmp_path))  # fmt: skip
+    data = dit_conditioning.extract(runs)
+    assert set(data["arm"]) == set(fid)  # the failed job left out
+    assert len(data[data["metric"] == dit_conditioning.RESAMPLED_FID]) == 4
+    settings = data[data["metric"].str.startswith("config/")].groupby("metric")["value"]
+    assert settings.unique().map(list).to_dict() == {
+        "config/depth": [4.0], "config/fid_guidance": [1.0], "config/fid_samples": [5000.0],
+        "config/fid_steps": [25.0],  # null: the model's sample_steps
+    }  # fmt: skip
+    result = dit_conditioning.render(data)
+    verdict = {c.claim: c.verdict for c in result.claims}
+    assert verdict["adaLN-Zero's fid_lenet is the lowest of the four"] == stats.HOLDS
+    assert verdict["adaLN-Zero's fid_lenet is lower than adaLN's"] == stats.HOLDS
+    assert verdict["adaLN's fid_lenet is lower than cross-attention's"] == dit_conditioning.TIE
+    assert verdict["cross-attention's fid_lenet is lower than in-context's"] == stats.HOLDS
+    best = next(c for c in result.claims if c.claim.startswith("adaLN-Zero's fid_lenet is the"))
+    assert best.values == pytest.approx([1.5, 1.5, 1.9])  # the smallest gap per seed: adaLN's
+    loss = next(c for c in result.claims if "val loss is the lowest" in c.claim)
+    assert loss.verdict == stats.HOLDS and loss.claim.startswith("second measure, not the paper's")
+    assert [c.claim for c in result.claims][1:7] == [
+        f"{dit_conditioning.NAMES[b]}'s fid_lenet is lower than {dit_conditioning.NAMES[w]}'s"
+        for b, w in itertools.combinations(["adaln_zero", "adaln", "cross_attn", "in_context"], 2)
+    ]  # every pair, in the paper's order
+    assert any("10.00 vs 10.30" in n for n in result.notes)  # resampling noise, seed 0
+    plt.close(result.figure)
+
+    # reversed: adaLN beats adaLN-Zero on every seed -> the rank does not hold
+    flipped = data.copy()
+    rows = (flipped["arm"] == "adaln") & (flipped["metric"] == dit_conditioning.FINAL_FID)
+    flipped.loc[rows, "value"] -= 5.0
+    claims = {c.claim: c for c in dit_conditioning.render(flipped).claims}
+    assert claims["adaLN-Zero's fid_lenet is lower than adaLN's"].verdict == stats.FAILS
+    assert claims["adaLN-Zero's fid_lenet is the lowest of the four"].verdict == stats.FAILS
+
+
+def test_dit_conditioning_resamples_each_arms_first_seed_with_its_own_fid_settings(tmp_path):
+    runs = [_dit_run(tmp_path, "adaln", s, 10.0, 0.05) for s in (2, 1)]
+    for run in runs:
+        (run.run_dir / "checkpoints").mkdir()
+        (run.run_dir / "checkpoints" / "last.ckpt").write_bytes(b"")
+    cfg = OmegaConf.load(runs[0].run_dir / ".hydra" / "config.yaml")
+    cfg.callbacks.fid.update(ckpt="lenet.pt", data_root="data", batch_size=500, steps=25)
+    OmegaConf.save(cfg, runs[1].run_dir / ".hydra" / "config.yaml")
+    cmd = dit_conditioning._resample_command(runs[1], threads=1)
+    flags = dict(zip(cmd[3::2], cmd[4::2], strict=True))
+    assert cmd[2] == str(runs[1].run_dir / "checkpoints" / "last.ckpt")
+    assert flags["--seed"] == "1" and flags["--num-samples"] == "5000"  # the fid seed's next
+    assert flags["--guidance-scale"] == "1.0" and flags["--steps"] == "25"
+    # a run dir that has its second score is not scored again (no subprocess started)
+    (runs[1].run_dir / dit_conditioning.RESAMPLE_FILE).write_text('{"fid_lenet": 1.0}\n')
+    dit_conditioning.resample(runs, jobs=2, repo=tmp_path)
+    assert not (runs[0].run_dir / dit_conditioning.RESAMPLE_FILE).exists()  # not the first seed

@@ -52,6 +52,14 @@ def test_norms_part_rates_every_impl_against_its_baseline(tiny_bench, capsys):
     assert "| normlab reference |" in md
 
 
+def test_out_writes_the_tables_elsewhere(tiny_bench, tmp_path_factory, capsys):
+    out = tmp_path_factory.mktemp("elsewhere") / "bench"
+    bench.main(["norms", "--rounds", "1", "--threads", "1", "--out", str(out)])
+    assert read(out / "norms.csv") and "--out" in (out / "norms.md").read_text()
+    assert not list(tiny_bench.iterdir())  # nothing in the default dir
+    assert f"CSV and markdown in {out}" in capsys.readouterr().out
+
+
 def test_train_part_holds_only_equal_work_to_the_target(tiny_bench, capsys):
     bench.main(["train", "--rounds", "1", "--threads", "1"])
     rows = read(tiny_bench / "train.csv")

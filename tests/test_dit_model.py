@@ -138,3 +138,39 @@ def test_bad_configs_fail_with_the_reason():
         DiT(LN, **{**TINY, "patch_size": 8})
     with pytest.raises(NormConfigError, match="batchnorm"):
         DiT({"name": "batchnorm"}, **TINY)
+
+
+def built_norms(net):
+    """Every registry norm inside the model (adaptive norms' base norms included)."""
+    return [m for m in net.modules() if getattr(m, "family", "none") != "none"]
+
+
+@pytest.mark.parametrize("conditioning", CONDITIONINGS)
+def test_every_norm_has_dits_eps_by_default(conditioning):
+    norms = built_norms(tiny_dit(conditioning))  # LN's eps is 1e-5
+    assert len(norms) >= 2 * 2 + 1
+    assert all(m.eps == 1e-6 for m in norms)
+    rms = DiT({"name": "rmsnorm", "eps": None}, conditioning=conditioning, **TINY)
+    assert all(m.eps == 1e-6 for m in built_norms(rms))
+
+
+def test_norm_eps_null_keeps_the_norm_configs_eps():
+    assert all(m.eps == 1e-5 for m in built_norms(tiny_dit(norm_eps=None)))
+    rms = DiT({"name": "rmsnorm", "eps": None}, norm_eps=None, **TINY)
+    assert all(m.eps is None for m in built_norms(rms))
+
+
+def test_norm_eps_skips_a_norm_without_eps():
+    net = DiT({"name": "none"}, **TINY)  # `none` takes no eps: nothing to set
+    assert built_norms(net) == [] and net(*batch()).shape == (B, 1, 28, 28)
+
+
+def test_dit_config_sets_eps_1e6(compose, tmp_path):
+    from hydra.utils import instantiate
+
+    cfg = compose(["experiment=dit"], tmp_path)
+    assert cfg.model.net.norm_eps == 1e-6 and cfg.norm.eps == 1e-5
+    net = instantiate(cfg.model.net)
+    assert all(m.eps == 1e-6 for m in built_norms(net))
+    cfg = compose(["experiment=dit", "model.net.norm_eps=null"], tmp_path)
+    assert all(m.eps == 1e-5 for m in built_norms(instantiate(cfg.model.net)))

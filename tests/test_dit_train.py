@@ -81,6 +81,15 @@ def test_conditioning_sweep_lists_the_four_conditionings():
         cfg = compose("train", ["experiment=dit_conditioning"], return_hydra_config=True)
     swept = cfg.hydra.sweeper.params["model.net.conditioning"].split(",")
     assert swept == ["adaln_zero", "adaln", "cross_attn", "in_context"]
+    # scored as DiT's Table 4: once after the last step, no guidance, >= 5000 samples
+    fid = cfg.callbacks.fid
+    assert fid.every_n_epochs == cfg.trainer.max_epochs and fid.guidance_scale == 1.0
+    assert fid.num_samples >= 5000
+    with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
+        deep = compose("train", ["experiment=dit_conditioning_deep"], return_hydra_config=True)
+    assert deep.hydra.sweeper.params["model.net.conditioning"] == "adaln_zero,adaln"
+    assert deep.model.net.depth == 8 and deep.callbacks.fid == fid  # the same scoring
+    assert deep.trainer.max_epochs * deep.trainer.limit_train_batches == 2400
     for conditioning in swept:
         net_cfg = {**cfg.model.net, "conditioning": conditioning, "depth": 1, "norm": cfg.norm}
         net = instantiate(net_cfg)

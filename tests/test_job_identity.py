@@ -11,6 +11,7 @@ from pathlib import Path
 from conftest import REPO
 
 from normlab import identity
+from normlab.config import PROGRESS
 
 TINY_SWEEP = [
     "norm=none",
@@ -76,6 +77,14 @@ def test_config_hash_ignores_the_run_dir_and_sees_every_value(compose, tmp_path:
     b = identity.config_hash(compose(["norm=groupnorm"], tmp_path / "b"))
     c = identity.config_hash(compose(["norm=groupnorm", "norm.eps=1e-6"], tmp_path / "a"))
     assert a == b != c
+
+
+def test_config_hash_ignores_what_a_run_shows_while_it_trains(compose, tmp_path, monkeypatch):
+    hashes = {identity.config_hash(compose([f"progress={p}"], tmp_path)) for p in PROGRESS}
+    monkeypatch.setenv("NORMLAB_PROGRESS", "bar")  # the default comes from the environment
+    hashes.add(identity.config_hash(compose([], tmp_path)))
+    assert len(hashes) == 1
+    assert identity.config_hash(compose(["trainer.max_epochs=2"], tmp_path)) not in hashes
 
 
 def test_code_version_covers_training_code_and_conf_but_not_analysis(tmp_path, monkeypatch):

@@ -191,13 +191,13 @@ def test_all_units_on_a_conv_layer_and_off_by_default():
     model = nn.Sequential()
     model.add_module("norm", nn.Identity())
     x = torch.randn(4, 5, 3, 3) * torch.arange(1.0, 6.0).view(1, 5, 1, 1)
-    metrics = run_hooks(NormStats(every_n_steps=1, all_units=True), model, x)
+    metrics = run_hooks(NormStats(every_n_steps=1, layers=["norm"], all_units=True), model, x)
     per_unit = x.transpose(0, 1).reshape(5, -1)
     for k in range(5):
         want = torch.quantile(per_unit[k], torch.tensor([0.15, 0.5, 0.85]))
         got = [metrics[f"preact/norm/u{k:03d}/p{p}"] for p in (15, 50, 85)]
         assert got == pytest.approx(want.tolist(), rel=1e-6)
-    metrics = run_hooks(NormStats(every_n_steps=1), model, x)
+    metrics = run_hooks(NormStats(every_n_steps=1, layers=["norm"]), model, x)
     assert not any("/u0" in key for key in metrics)
     assert "preact/norm/p50" in metrics
 

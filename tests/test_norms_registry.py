@@ -128,8 +128,8 @@ def test_every_norm_takes_impl_and_sync_false():
         ("prmsnorm", {"p": 1.5}, r"p must be in \(0, 1\], got 1.5"),
         ("batchnorm", {"momentum": 1.5}, r"momentum must be in \[0, 1\] or None, got 1.5"),
         ("instancenorm", {"momentum": "0.1"}, r"momentum must be in \[0, 1\] or None, got 0.1"),
-        ("batchnorm", {"eps": -1.0}, "eps must be a number >= 0, got -1.0"),
-        ("layernorm", {"eps": "1e-5"}, "eps must be a number >= 0, got '1e-5'"),
+        ("batchnorm", {"eps": -1.0}, "eps must be a finite number > 0, got -1.0"),
+        ("layernorm", {"eps": "1e-5"}, "eps must be a finite number > 0, got '1e-5'"),
         ("layernorm", {"normalized_shape": ()}, "normalized_shape must be"),
         (
             "rmsnorm",

@@ -19,8 +19,13 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = [sys.executable, str(REPO / "scripts" / "reproduce.py")]
 sys.path.insert(0, str(REPO / "scripts"))
 script = importlib.import_module("reproduce")  # scripts/reproduce.py
-# Rendered with --quick in CI's slow run; the others need models being written elsewhere.
-CI_NAMES = ["bn_lenet", "gn_batch_size", "ln_placement", "deepnorm_depth", "rmsnorm_speed"]
+# Rendered with --quick in CI's slow run: every reproduction.
+CI_NAMES = ["bn_lenet", "gn_batch_size", "ln_placement", "deepnorm_depth", "rmsnorm_speed",
+            "dit_conditioning"]  # fmt: skip
+
+
+# a reproduction's analysis where a test needs none: arm, extract, render
+ANALYSIS = (str, pd.DataFrame, lambda data: None)
 
 
 def reproduce(*args: str, root: Path) -> subprocess.CompletedProcess:
@@ -130,7 +135,7 @@ def test_bn_mlp_is_bn_lenet_with_the_papers_mlp(compose, tmp_path):
 
 def test_redraw_takes_the_seeds_option_from_the_arms_that_follow_it():
     grids = (Grid("init", "ln_placement_init", seeds=10), Grid("warmup", "ln_placement"))
-    repro = Reproduction("demo", "t", grids, Budget((), ""), Budget((), ""))
+    repro = Reproduction("demo", "t", grids, Budget((), ""), Budget((), ""), *ANALYSIS)
 
     def jobs(init: int, warmup: int) -> pd.DataFrame:
         rows = [("init/a", s) for s in range(init)] + [("w/b", s) for s in range(warmup)]
@@ -142,14 +147,11 @@ def test_redraw_takes_the_seeds_option_from_the_arms_that_follow_it():
     assert script.command_text("demo", False, 3) == "python scripts/reproduce.py demo"
 
 
-SEEDED = [n for n, r in REPRODUCTIONS.items() if r.seeded]
-COMMITTED = [n for n in SEEDED if (REPO / "outputs" / "figures" / n / "runs.csv").is_file()]
+COMMITTED = [n for n in REPRODUCTIONS if (REPO / "outputs" / "figures" / n / "runs.csv").is_file()]
 
 
-def test_the_seeded_reproductions_have_committed_evidence():
-    assert COMMITTED == SEEDED
-    assert COMMITTED == ["bn_lenet", "gn_batch_size", "ln_placement", "deepnorm_depth",
-                         "rmsnorm_speed"]  # fmt: skip
+def test_every_reproduction_has_committed_evidence_and_runs_in_ci():
+    assert COMMITTED == list(REPRODUCTIONS) == CI_NAMES
 
 
 @pytest.mark.parametrize("name", COMMITTED)
@@ -211,18 +213,6 @@ def test_quick_run_writes_evidence_reuses_its_jobs_and_redraws_the_same_md(
     redraw = reproduce(name, "--quick", "--redraw", root=tmp_path)  # from runs.csv, no logs
     assert redraw.returncode == 0, redraw.stderr[-3000:]
     assert (figures / f"{name}.md").read_bytes() == md
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(set(REPRODUCTIONS) - set(CI_NAMES)))
-def test_quick_render_of_the_other_models(tmp_path: Path, name: str):
-    missing = REPRODUCTIONS[name].missing()
-    if missing:
-        pytest.skip(f"{name} needs {missing}")
-    done = reproduce(name, "--quick", "--jobs", "2", root=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    figures = tmp_path / "outputs" / "figures" / "quick"
-    assert all((figures / f"{name}.{ext}").is_file() for ext in ("png", "svg", "csv", "md"))
 
 
 def test_deepnorm_grids_measure_the_first_50_steps_and_train_300(compose, tmp_path):

@@ -15,6 +15,7 @@ from conftest import REPO, TINY
 from test_train import metrics_rows, run_cli
 
 from normlab.config import _slug
+from normlab.hydra_callbacks import EXIT_JOBS_FAILED
 from normlab.run import train
 
 
@@ -27,7 +28,9 @@ def test_failed_and_diverged_jobs_are_recorded_and_a_rerun_skips_finished_ones(t
     args = ["-m", "norm=groupnorm", "norm.num_groups=2,4", "optim.optimizer.lr=0.001,100000.0",
             "batch=64", *TINY, "trainer.limit_train_batches=8",
             f"hydra.sweep.dir={tmp_path}"]  # fmt: skip
-    run_cli(*args)
+    proc = run_cli(*args, check=False)
+    assert proc.returncode == EXIT_JOBS_FAILED, proc.stderr[-3000:]
+    assert f"error: 1 diverged, 2 failed of 4 jobs ({tmp_path}/summary.csv)" in proc.stderr
     rows = summary(tmp_path)
     status = {(o.split()[1], o.split()[2]): r["status"] for o, r in rows.items()}
     assert status == {
@@ -44,12 +47,49 @@ def test_failed_and_diverged_jobs_are_recorded_and_a_rerun_skips_finished_ones(t
     ok_dir = next(r["run_dir"] for r in rows.values() if r["status"] == "ok")
     ok_metrics = next((tmp_path / ok_dir.split("/")[-1]).rglob("metrics.csv"))
     mtime = ok_metrics.stat().st_mtime_ns
-    proc = run_cli(*args)
+    proc = run_cli(*args, check=False)
+    assert proc.returncode == EXIT_JOBS_FAILED  # the reused diverged job still counts
     assert ok_metrics.stat().st_mtime_ns == mtime  # the finished job was not run again
     assert (proc.stdout + proc.stderr).count("skipping finished job") == 2  # ok and diverged
     assert {o: r["status"] for o, r in summary(tmp_path).items()} == {
         o: r["status"] for o, r in rows.items()
     }
+
+
+@pytest.mark.timeout(300)
+def test_a_joblib_sweep_with_a_failed_job_runs_every_job_then_exits_non_zero(tmp_path):
+    # jobs in worker processes report their outcome through a folder named in the environment
+    proc = run_cli("-m", "hydra/launcher=joblib", "batch=16,0,8", *TINY, "test=false",
+                   f"hydra.sweep.dir={tmp_path}", check=False)  # fmt: skip
+    assert proc.returncode == EXIT_JOBS_FAILED, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: 1 failed of 3 jobs ({tmp_path}/summary.csv)"
+    )
+    status = {o.split()[0]: r["status"] for o, r in summary(tmp_path).items()}
+    assert status == {"batch=16": "ok", "batch=0": "failed", "batch=8": "ok"}
+    assert len(list(tmp_path.glob("*/csv/metrics.csv"))) == 2  # both other jobs trained
+    assert not list(tmp_path.glob(".outcomes-*"))
+
+
+def test_a_sweep_of_ok_jobs_exits_0(tmp_path):
+    proc = run_cli("-m", "batch=16", *TINY, "test=false", f"hydra.sweep.dir={tmp_path}")
+    assert proc.returncode == 0 and "error:" not in proc.stderr
+    assert [r["status"] for r in summary(tmp_path).values()] == ["ok"]
+
+
+def test_a_reproduction_goes_on_when_some_jobs_of_its_sweep_failed(tmp_path, monkeypatch):
+    from normlab.analysis import sweep
+
+    repro = sweep.Reproduction("r", "r", (sweep.Grid("", "bn_lenet"),), sweep.Budget((), ""),
+                               sweep.Budget((), ""))  # fmt: skip
+    for code, fine in ((0, True), (EXIT_JOBS_FAILED, True), (1, False)):
+        done = subprocess.CompletedProcess([], code)
+        monkeypatch.setattr(sweep.subprocess, "run", lambda *a, done=done, **k: done)
+        if fine:
+            sweep.run(repro, quick=True, root=tmp_path, jobs=1, log=lambda _: None)
+        else:
+            with pytest.raises(RuntimeError, match="code 1"):
+                sweep.run(repro, quick=True, root=tmp_path, jobs=1, log=lambda _: None)
 
 
 @pytest.mark.slow

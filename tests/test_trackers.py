@@ -56,6 +56,30 @@ def test_csv_is_always_on(tmp_path):
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
 
 
+def test_tensorboard_event_file_carries_the_config_for_the_hparams_tab(compose, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
+
+    from normlab.run import train
+
+    cfg = compose(["logger=tensorboard", "norm=groupnorm", "batch=16", *TINY], tmp_path)
+    train(cfg)
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    content = events.PluginTagToContent("hparams")
+    experiment = HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
+    metrics = [m.name.tag for m in experiment.metric_infos]
+    assert metrics == list(cfg.logger.tensorboard.hp_metrics)
+    start = HParamsPluginData.FromString(content["_hparams_/session_start_info"])
+    hparams = start.session_start_info.hparams
+    assert hparams["norm/name"].string_value == "groupnorm"
+    assert hparams["batch"].number_value == 16
+    assert hparams["optim/optimizer/lr"].number_value == cfg.optim.optimizer.lr
+    # the tab's values are the run's own scalars; no placeholder metric is written
+    scalars = events.Tags()["scalars"]
+    assert "val/acc" in scalars and "test/acc" in scalars and "hp_metric" not in scalars
+
+
 def test_runs_started_in_the_same_second_get_distinct_dirs(tmp_path):
     import subprocess
     import sys

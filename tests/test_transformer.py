@@ -16,6 +16,7 @@ from conftest import REPO, TINY
 from normlab.callbacks.grad_norms import GradAtInit, block_grad_norms
 from normlab.data.shakespeare import ShakespeareDataModule
 from normlab.errors import ConfigError, DataError
+from normlab.hydra_callbacks import EXIT_JOBS_FAILED
 from normlab.models.transformer import GPT
 from normlab.norms.residual import available_placements, deepnorm_constants
 from normlab.tasks.language_model import LanguageModelTask
@@ -259,7 +260,7 @@ def test_multirun_records_diverged_job(tmp_path):
         f"hydra.sweep.dir={sweep}",
     ]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == EXIT_JOBS_FAILED, proc.stderr[-3000:]  # after all four jobs ran
     with open(sweep / "summary.csv", newline="") as f:
         rows = {r["overrides"]: r["status"] for r in csv.DictReader(f)}
     assert len(rows) == 4, rows

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 import secrets
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from normlab.errors import ConfigError
+
+PROGRESS = ("bar", "epoch", "none")  # what a run shows while it trains (conf/train.yaml)
 
 
 def _uid() -> str:
@@ -58,10 +61,38 @@ def _positive_int(cfg: DictConfig, key: str) -> None:
         raise ConfigError(f"{key} must be a positive integer, got {value!r}")
 
 
+def _non_finite(node: DictConfig | ListConfig, prefix: str = "") -> tuple[str, float] | None:
+    """The first float anywhere under node that is NaN or inf, with its dotted key."""
+    keys = node.keys() if isinstance(node, DictConfig) else range(len(node))
+    for key in keys:
+        name = f"{prefix}{key}" if isinstance(node, DictConfig) else f"{prefix.rstrip('.')}[{key}]"
+        try:
+            value = node[key]
+        except Exception:  # missing, or an interpolation only a run resolves: checked where used
+            continue
+        if isinstance(value, (DictConfig, ListConfig)):
+            found = _non_finite(value, f"{name}.")
+            if found is not None:
+                return found
+        elif isinstance(value, float) and not math.isfinite(value):
+            return name, value
+    return None
+
+
 def validate(cfg: DictConfig) -> None:
     """Fail fast on values that cannot work, naming the key and the value."""
+    found = _non_finite(cfg)
+    if found is not None:
+        raise ConfigError(f"{found[0]} must be a finite number, got {found[1]!r}")
     _positive_int(cfg, "batch")
+    progress = cfg.get("progress")
+    if progress not in PROGRESS:
+        raise ConfigError(f"progress must be one of {', '.join(PROGRESS)}, got {progress!r}")
     _positive_int(cfg, "trainer.devices")
+    _positive_int(cfg, "num_threads")
+    seed = OmegaConf.select(cfg, "seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ConfigError(f"seed must be an integer or null, got {seed!r}")
     lr = OmegaConf.select(cfg, "optim.optimizer.lr")
     if lr is not None and (not isinstance(lr, (int, float)) or lr <= 0):
         raise ConfigError(f"optim.optimizer.lr must be a positive number, got {lr!r}")

@@ -3,7 +3,7 @@ space of a small LeNet classifier trained by this suite.
 
 This is NOT the Inception FID of Heusel et al. (2017) and its numbers are not comparable with
 published FIDs: the features are the 84 penultimate activations (after fc2, its norm and its
-activation) of a LeNet trained on Fashion-MNIST (`scripts/train_fid_lenet.py`), not the 2048
+activation) of a LeNet trained on Fashion-MNIST (`normlab.fid_train`), not the 2048
 pool3 features of an ImageNet Inception-v3. It only compares models within this suite, scored
 with the same LeNet file, the same number of generated images and the same reference set.
 Like FID it is biased upwards for small sample counts: compare runs at equal `num_samples`.
@@ -14,6 +14,8 @@ and arguments), its weights, and the standardization (mean, std) it was trained 
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -94,7 +96,8 @@ def save_feature_extractor(
     std: float,
     **meta: Any,
 ) -> Path:
-    """Write a self-contained fid_lenet file: net config, weights, standardization, metadata."""
+    """Write a self-contained fid_lenet file: net config, weights, standardization, metadata.
+    Atomically (a temp file beside it, then a rename): a reader never sees half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     blob = {
@@ -105,7 +108,14 @@ def save_feature_extractor(
         "std": float(std),
         "meta": meta,
     }
-    torch.save(blob, path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(blob, f)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return path
 
 

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
+
+from normlab.summary import atomic_write
+
+OUTCOMES_ENV = "NORMLAB_SWEEP_OUTCOMES"  # the folder a multirun's jobs leave their status in
+EXIT_JOBS_FAILED = 3  # a multirun ran every job, and some failed or diverged
 
 
 class CreateSweepDir(Callback):
@@ -14,3 +23,35 @@ class CreateSweepDir(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         Path(config.hydra.sweep.dir).mkdir(parents=True, exist_ok=True)
+
+
+def record_outcome(job: int, status: str) -> None:
+    """Leave a multirun job's final status for SweepExitCode: a file named by the job number in
+    the folder $NORMLAB_SWEEP_OUTCOMES (jobs may run in other processes: joblib, submitit)."""
+    folder = os.environ.get(OUTCOMES_ENV)
+    if folder:
+        atomic_write(Path(folder) / str(job), status)
+
+
+class SweepExitCode(Callback):
+    """After a multirun in which a job failed or diverged, print one line and exit with
+    EXIT_JOBS_FAILED; every job has run and written its summary row by then. All ok: exit 0."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        folder = Path(config.hydra.sweep.dir) / f".outcomes-{os.getpid()}"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        os.environ[OUTCOMES_ENV] = str(folder)  # inherited by the launcher's worker processes
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        folder = os.environ.pop(OUTCOMES_ENV, None)
+        if folder is None:
+            return
+        statuses = [p.read_text() for p in Path(folder).iterdir() if not p.name.startswith(".")]
+        shutil.rmtree(folder, ignore_errors=True)
+        bad = Counter(status for status in statuses if status != "ok")
+        if bad:
+            counts = ", ".join(f"{n} {status}" for status, n in sorted(bad.items()))
+            summary = Path(config.hydra.sweep.dir) / "summary.csv"
+            print(f"error: {counts} of {len(statuses)} jobs ({summary})", file=sys.stderr)
+            raise SystemExit(EXIT_JOBS_FAILED)

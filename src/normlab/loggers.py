@@ -6,11 +6,21 @@ import csv
 import netrc
 import os
 import secrets
+from argparse import Namespace
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger, WandbLogger
+from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
+from lightning.pytorch.loggers import (
+    CSVLogger,
+    Logger,
+    MLFlowLogger,
+    TensorBoardLogger,
+    WandbLogger,
+)
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.utilities import rank_zero_only
 
 
 def sweep_group() -> str | None:
@@ -75,6 +85,48 @@ class ResumableCSVLogger(CSVLogger):
             self._fs.makedirs(self.root_dir, exist_ok=True)
             self._experiment = _ResumedWriter(self.log_dir, self.resume_step)
         return super().experiment
+
+
+# every task's metrics: classification val/test loss and acc, the LM's val/bpc, the DiT's FID-like
+HP_METRICS = ("val/loss", "val/acc", "val/bpc", "val/fid_lenet", "test/loss", "test/acc")
+
+
+class HparamsTensorBoardLogger(TensorBoardLogger):
+    """A TensorBoardLogger whose event file carries the run's config (TensorBoard's HPARAMS tab).
+
+    Lightning's logger writes the hparams plugin's data only together with a metric value: with
+    `default_hp_metric` a placeholder `hp_metric` of -1 that stays in the charts, without it
+    nothing. Here the flattened config (`norm/name`, `optim/optimizer/lr`, ...) is written with
+    the metrics the tab lists (`hp_metrics`) and no value of any: TensorBoard reads their values
+    from the run's own scalars of those names (a metric the task never logs stays empty).
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        hp_metrics: Sequence[str] = HP_METRICS,
+        **kwargs: Any,
+    ):
+        kwargs["default_hp_metric"] = False  # no placeholder metric
+        super().__init__(*args, **kwargs)
+        self.hp_metrics = list(hp_metrics)
+
+    @rank_zero_only
+    def log_hyperparams(
+        self,
+        params: dict[str, Any] | Namespace,
+        metrics: dict[str, Any] | None = None,
+        step: int | None = None,
+    ) -> None:
+        super().log_hyperparams(params, metrics, step)  # hparams.yaml (and, given metrics, all)
+        if metrics is not None or not self.hp_metrics:
+            return
+        from torch.utils.tensorboard.summary import hparams
+
+        flat = self._sanitize_params(_flatten_dict(_convert_params(params)))
+        writer = self.experiment._get_file_writer()
+        for summary in hparams(flat, dict.fromkeys(self.hp_metrics)):
+            writer.add_summary(summary, step)
 
 
 def wandb_logger(

@@ -17,9 +17,11 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from normlab import config, identity, loggers, summary
+from normlab import config, console, identity, loggers, summary
+from normlab.callbacks.progress import EpochProgress
 from normlab.compute import keep_heap
 from normlab.errors import ConfigError, UserError
+from normlab.hydra_callbacks import record_outcome
 from normlab.preflight import preflight
 
 log = logging.getLogger(__name__)
@@ -64,6 +66,8 @@ def build_callbacks(cfg: DictConfig, task: pl.LightningModule) -> list[pl.Callba
             callbacks.append(instantiate(cb_cfg, **extra))
         except Exception as err:  # instantiate wraps the cause; name the config key
             raise ConfigError(f"callbacks.{name}: {err}") from err
+    if cfg.get("progress") == "epoch":
+        callbacks.append(EpochProgress())
     return callbacks
 
 
@@ -81,6 +85,19 @@ def build_loggers(cfg: DictConfig, resume_step: int | None) -> list[pl.loggers.L
     return built
 
 
+def build_trainer(
+    cfg: DictConfig, callbacks: list[pl.Callback], trackers: list[pl.loggers.Logger]
+) -> pl.Trainer:
+    """cfg.trainer's Trainer; a progress bar when progress=bar (or trainer.enable_progress_bar)."""
+    bar = cfg.trainer.get("enable_progress_bar")
+    return instantiate(
+        cfg.trainer,
+        callbacks=callbacks,
+        logger=trackers,
+        enable_progress_bar=cfg.get("progress") == "bar" if bar is None else bar,
+    )
+
+
 def checkpoint_step(path: str | None) -> int | None:
     """The global step a checkpoint was saved at (None without a checkpoint)."""
     if path is None:
@@ -89,7 +106,8 @@ def checkpoint_step(path: str | None) -> int | None:
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
-    """Fit (and test) one config; return {'status', 'metrics', 'seed'}."""
+    """Fit (and test) one config; return {'status', 'note' (why not ok), 'metrics', 'seed'}."""
+    console.configure()
     config.validate(cfg)
     seed = cfg.seed if cfg.seed is not None else random.randrange(2**31)
     with open_dict(cfg):
@@ -112,7 +130,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     ckpt = resolve_ckpt(cfg)
     callbacks = build_callbacks(cfg, task)
     trackers = build_loggers(cfg, checkpoint_step(ckpt))
-    trainer: pl.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=trackers)
+    trainer = build_trainer(cfg, callbacks, trackers)
     hparams = OmegaConf.to_container(cfg, resolve=True)
     hparams["seed"] = seed
     for tracker in trackers:
@@ -130,7 +148,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             metrics.update(_scalars(trainer.callback_metrics))
     finally:
         loggers.finish(trackers)
-    return {"status": status, "metrics": metrics, "seed": seed}
+    note = getattr(task, "run_note", "")
+    return {"status": status, "note": note, "metrics": metrics, "seed": seed}
 
 
 def _scalars(metrics: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -143,7 +162,9 @@ def _scalars(metrics: dict[str, torch.Tensor]) -> dict[str, float]:
 
 
 def main(cfg: DictConfig) -> float | None:
-    """Hydra task function: one job; in a multirun, record a summary row and never raise."""
+    """Hydra task function: one job. A single run that fails on bad input or diverges exits
+    non-zero with one line; in a multirun, record a summary row and the job's outcome (the
+    multirun's exit code: normlab.hydra_callbacks.SweepExitCode) and never raise."""
     hc = _hydra()
     multirun = hc is not None and hc.mode.name == "MULTIRUN"
     if not multirun:
@@ -154,6 +175,8 @@ def main(cfg: DictConfig) -> float | None:
             if cause is None:
                 raise
             raise SystemExit(f"error: {cause}") from None
+        if result["status"] != "ok":
+            raise SystemExit(f"error: run {result['status']}: {result['note']} ({_run_dir(cfg)})")
         return objective(cfg, result)
 
     overrides = " ".join(hc.overrides.task)
@@ -167,6 +190,7 @@ def main(cfg: DictConfig) -> float | None:
     if same and before["status"] in summary.FINISHED:
         log.info("skipping finished job [%s] (%s)", overrides, before["run_dir"])
         summary.update_row(sweep_dir, {**before, "reused": 1})
+        record_outcome(hc.job.num, before["status"])
         value = before.get(cfg.get("objective") or "")
         return float(value) if value not in (None, "") else None
     last = _run_dir(cfg) / "checkpoints" / "last.ckpt"
@@ -198,12 +222,13 @@ def main(cfg: DictConfig) -> float | None:
         result["error"] = f"{type(cause).__name__}: {cause}"
     row.update(
         status=result["status"],
-        error=result.get("error", ""),
+        error=result.get("error") or result.get("note", ""),
         wall_time_s=round(time.time() - start, 2),
         seed=result.get("seed", cfg.seed),
         **result["metrics"],
     )
     summary.update_row(sweep_dir, row)
+    record_outcome(hc.job.num, result["status"])
     return objective(cfg, result)
 
 

@@ -7,6 +7,7 @@ sees half a file.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import fcntl
 import math
@@ -33,14 +34,19 @@ def atomic_write(path: Path, text: str) -> None:
 
 
 @contextmanager
-def _locked(sweep_dir: Path) -> Iterator[None]:
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    with open(sweep_dir / ".summary.lock", "w") as lock:
+def file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on the file `path` (created, with its dir) across processes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _locked(sweep_dir: Path) -> contextlib.AbstractContextManager[None]:
+    return file_lock(sweep_dir / ".summary.lock")
 
 
 def read_summary(sweep_dir: str | Path) -> list[dict[str, str]]:

@@ -233,4 +233,4 @@ def render(data: pd.DataFrame) -> Result:
         "evaluations is partly noise.",
         "The BN paper's MLP ran 50k steps on MNIST; here 4,500 on Fashion-MNIST; LeNet 2,700.",
     ]
-    return Result(fig, None, claims, notes)
+    return Result(fig, claims, notes)

@@ -306,7 +306,7 @@ def render(data: pd.DataFrame) -> Result:
     claims = [c for w in warmups for c in _update_claims(data, depths, w)] if depths else []
     if deep:
         claims.append(_loss_claim(data, deep[-1]))
-    return Result(fig, None, claims, _notes(data, depths, warmups, deep))
+    return Result(fig, claims, _notes(data, depths, warmups, deep))
 
 
 def update_table(data: pd.DataFrame, depths: list[int], warmup: int) -> str:

@@ -1,20 +1,38 @@
-"""dit_conditioning: DiT (Peebles & Xie 2023) Table 4, conditioning mechanisms compared by FID."""
+"""dit_conditioning: DiT (Peebles & Xie 2023) Table 4, the four conditioning mechanisms by FID.
+
+One grid (experiment=dit_conditioning): adaLN-Zero, adaLN, cross-attention and in-context on
+the tiny DiT, each over seeds. Every job is scored once after its last step: val/fid_lenet of
+5,000 samples without guidance, from the EMA weights, the starting noise the same for every
+job. `resample` scores each arm's first-seed checkpoint again on other starting noise:
+fid_lenet's resampling noise. `extract` reads the run logs into runs.csv; `render` decides from
+runs.csv alone.
+"""
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
+from itertools import combinations
+from pathlib import Path
 
 import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from omegaconf import OmegaConf
 
-from normlab.analysis.curves import decided, final, show
-from normlab.analysis.logs import Run, pick
-from normlab.analysis.report import LegacyClaim as Claim
-from normlab.analysis.report import Result, tidy
+from normlab import fid_train
+from normlab.analysis.curves import metric
+from normlab.analysis.logs import Run
+from normlab.analysis.report import Claim, Result
+from normlab.analysis.stats import ABOVE, Interval
+from normlab.models.dit import DIT_SIZES
 
-# ----- the paper's claims (DiT Table 4: XL/2, 400K steps, FID-50K on ImageNet 256) -------------
+# ----- the paper's numbers (DiT Table 4: XL/2, 400K steps, FID-50K on ImageNet 256, no cfg) ----
 PAPER_FID = {"adaln_zero": 19.47, "adaln": 25.21, "cross_attn": 26.14, "in_context": 35.24}
-# ----- the rule that decides "holds": the order of final val/fid_lenet -------------------------
-CONDITIONINGS = {
+NAMES = {
     "adaln_zero": "adaLN-Zero",
     "adaln": "adaLN",
     "cross_attn": "cross-attention",
@@ -22,71 +40,275 @@ CONDITIONINGS = {
 }
 KEY = "model.net.conditioning"
 FID = "val/fid_lenet"
+RESAMPLE_FILE = "fid_resample.json"  # in a run dir: its checkpoint scored on other noise
+TIE = "tie (within noise)"
+
+# runs.csv metrics
+FINAL_FID, RESAMPLED_FID = "final/fid_lenet", "resampled/fid_lenet"
+VAL_LOSS, FINAL_LOSS = "val/loss", "final/val_loss"
+# ... and the settings behind them, from each job's composed config
+SETTINGS = {
+    "config/fid_samples": "callbacks.fid.num_samples",
+    "config/fid_steps": "callbacks.fid.steps",
+    "config/fid_guidance": "callbacks.fid.guidance_scale",
+}
+DEPTH = "config/depth"
 
 
-def _one(runs: list[Run], conditioning: str) -> Run | None:
-    found = pick(runs, **{KEY.replace(".", "__"): conditioning})
-    return found[0] if found else None
+def arm(run: Run) -> str:
+    """The job's conditioning (adaln_zero, adaln, cross_attn, in_context)."""
+    return run.get(KEY)
 
 
-def _claims(runs: list[Run]) -> list[Claim]:
-    fid = {c: final(_one(runs, c), FID) for c in CONDITIONINGS}
-    paper_order = sorted(PAPER_FID, key=PAPER_FID.get)
-    ours_order = sorted(fid, key=lambda c: fid[c])
-    all_known = decided(*fid.values())
-    best = min(fid, key=lambda c: fid[c])
+# ----- a second sample set of one checkpoint per arm ---------------------------------------------
+
+
+def _resample_command(run: Run, threads: int, repo: Path) -> list[str] | None:
+    """scripts/fid.py on the run's last checkpoint with the run's own fid settings, its LeNet
+    and the next sample seed (disjoint starting noise); None when the run has no checkpoint or
+    no fid."""
+    ckpt = run.run_dir / "checkpoints" / "last.ckpt"
+    config = run.run_dir / ".hydra" / "config.yaml"
+    if not ckpt.is_file() or not config.is_file():
+        return None
+    cfg = OmegaConf.load(config)
+    fid = OmegaConf.select(cfg, "callbacks.fid")
+    if fid is None:
+        return None
+    cmd = [sys.executable, "scripts/fid.py", str(ckpt), "--num-threads", str(threads)]
+    lenet = fid.ckpt or fid_train.ensure(  # the run's cached LeNet (found, not trained again)
+        repo / fid.cache_dir,
+        fid.lenet_epochs,
+        list(fid.lenet_overrides),
+        fid.data_root,
+        repo / "conf",
+    )
+    cmd += ["--lenet", str(lenet), "--data-root", str(fid.data_root)]
+    cmd += ["--num-samples", str(fid.num_samples), "--seed", str(int(fid.seed) + 1)]
+    cmd += ["--batch-size", str(fid.batch_size)]
+    if fid.steps is not None:
+        cmd += ["--steps", str(fid.steps)]
+    if fid.guidance_scale is not None:
+        cmd += ["--guidance-scale", str(fid.guidance_scale)]
+    return cmd
+
+
+def resample(runs: list[Run], jobs: int, repo: Path) -> None:
+    """Score each arm's lowest-seed finished checkpoint on a second sample set (written to
+    <run dir>/fid_resample.json; a run dir that has one is not scored again), `jobs` at a time."""
+    first: dict[str, Run] = {}
+    for run in sorted(runs, key=lambda r: int(r.get("seed"))):
+        if run.status == "ok":
+            first.setdefault(arm(run), run)
+    todo = [r for r in first.values() if not (r.run_dir / RESAMPLE_FILE).is_file()]
+    threads = max(1, (os.cpu_count() or 1) // max(1, jobs))
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    for start in range(0, len(todo), max(1, jobs)):
+        batch = [
+            (r, _resample_command(r, threads, repo)) for r in todo[start : start + max(1, jobs)]
+        ]
+        procs = [
+            (r, subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.PIPE, text=True))
+            for r, cmd in batch
+            if cmd is not None
+        ]
+        for run, proc in procs:
+            out, _ = proc.communicate()
+            if proc.returncode != 0:
+                print(f"dit_conditioning: resampling {run.run_dir} failed", file=sys.stderr)
+                continue
+            tmp = run.run_dir / (RESAMPLE_FILE + ".tmp")
+            tmp.write_text(out.strip().splitlines()[-1] + "\n")
+            tmp.replace(run.run_dir / RESAMPLE_FILE)  # never half-written
+
+
+# ----- run logs -> runs.csv ----------------------------------------------------------------------
+
+
+def _settings(run: Run) -> dict[str, float]:
+    """The fid settings and the depth of a job, from its composed config."""
+    cfg = OmegaConf.load(run.run_dir / ".hydra" / "config.yaml")
+    found = {name: OmegaConf.select(cfg, key) for name, key in SETTINGS.items()}
+    if found["config/fid_guidance"] is None:  # null: the model's own sampling settings
+        found["config/fid_guidance"] = cfg.model.guidance_scale
+    if found["config/fid_steps"] is None:
+        found["config/fid_steps"] = cfg.model.sample_steps
+    net = cfg.model.net
+    found[DEPTH] = net.depth if net.depth is not None else DIT_SIZES[net.size]["depth"]
+    return {name: float(value) for name, value in found.items()}
+
+
+def extract(runs: list[Run]) -> pd.DataFrame:
+    """Per finished job: its val loss (EMA weights) after each epoch (x = steps trained), the
+    last of it, its final val/fid_lenet and, where scored, the second sample set's."""
+    rows = []
+    for run in runs:
+        if run.status != "ok":
+            continue
+        a, seed = arm(run), int(run.get("seed"))
+        loss = run.series(VAL_LOSS).drop_duplicates("step", keep="last")  # a resumed job
+        rows.append((a, seed, math.nan, "steps", float(loss["step"].max() + 1)))
+        rows += [
+            (a, seed, float(s + 1), VAL_LOSS, float(v))
+            for s, v in zip(loss["step"], loss[VAL_LOSS], strict=True)
+        ]
+        rows.append((a, seed, math.nan, FINAL_LOSS, run.last(VAL_LOSS)))
+        rows.append((a, seed, math.nan, FINAL_FID, run.last(FID)))
+        rows += [(a, seed, math.nan, name, value) for name, value in _settings(run).items()]
+        extra = run.run_dir / RESAMPLE_FILE
+        if extra.is_file():
+            again = json.loads(extra.read_text())["fid_lenet"]
+            rows.append((a, seed, math.nan, RESAMPLED_FID, again))
+    return pd.DataFrame(rows, columns=["arm", "seed", "x", "metric", "value"])
+
+
+# ----- runs.csv -> claims and figure -------------------------------------------------------------
+
+
+def per_seed(data: pd.DataFrame, a: str, name: str) -> pd.Series:
+    """{seed: value} of one arm's final metric."""
+    return metric(data, a, name).set_index("seed")["value"].sort_index()
+
+
+def _gaps(data: pd.DataFrame, better: str, worse: list[str], name: str) -> list[float]:
+    """Per seed: the smallest of (worse arm's value - better arm's), over the seeds all share."""
+    table = pd.concat([per_seed(data, a, name) for a in (better, *worse)], axis=1).dropna()
+    if table.empty:
+        return []
+    return list(table.iloc[:, 1:].min(axis=1) - table.iloc[:, 0])
+
+
+def _rank_claims(data: pd.DataFrame) -> list[Claim]:
+    """Each pair in the paper's order: the paper's better arm has the lower fid_lenet."""
+    order = sorted(PAPER_FID, key=PAPER_FID.get)
     return [
         Claim(
-            "adaLN-Zero gives the best FID",
-            f"adaLN-Zero {PAPER_FID['adaln_zero']} (best of four)",
-            f"adaLN-Zero {show(fid['adaln_zero'], 2)}; best: {CONDITIONINGS[best]}",
-            best == "adaln_zero" if all_known else None,
-            "holds if adaLN-Zero's final val/fid_lenet is the lowest of the four",
+            f"{NAMES[b]}'s fid_lenet is lower than {NAMES[w]}'s",
+            f"FID-50K {PAPER_FID[b]} vs {PAPER_FID[w]}",
+            f"{NAMES[w]}'s fid_lenet minus {NAMES[b]}'s (same seed)",
+            _gaps(data, b, [w], FINAL_FID),
+            (0.0, ABOVE),
+            undecided=TIE,
+        )
+        for b, w in combinations(order, 2)
+    ]
+
+
+def _best_claims(data: pd.DataFrame) -> list[Claim]:
+    """adaLN-Zero best of four by fid_lenet (the paper's measure) and by val loss (ours)."""
+    others = [c for c in NAMES if c != "adaln_zero"]
+    return [
+        Claim(
+            "adaLN-Zero's fid_lenet is the lowest of the four",
+            f"adaLN-Zero {PAPER_FID['adaln_zero']}, next best {sorted(PAPER_FID.values())[1]}",
+            "the smallest of the other three's fid_lenet minus adaLN-Zero's (same seed)",
+            _gaps(data, "adaln_zero", others, FINAL_FID),
+            (0.0, ABOVE),
+            undecided=TIE,
         ),
         Claim(
-            "FID order adaLN-Zero < adaLN < cross-attention < in-context",
-            " < ".join(f"{CONDITIONINGS[c]} {PAPER_FID[c]}" for c in paper_order),
-            " < ".join(f"{CONDITIONINGS[c]} {show(fid[c], 2)}" for c in ours_order),
-            ours_order == paper_order if all_known else None,
-            "holds if the four final val/fid_lenet values rank in the paper's order",
+            "second measure, not the paper's: adaLN-Zero's final val loss is the lowest of the "
+            "four",
+            "the paper reports FID only",
+            "the smallest of the other three's final val loss (EMA weights) minus adaLN-Zero's "
+            "(same seed)",
+            _gaps(data, "adaln_zero", others, FINAL_LOSS),
+            (0.0, ABOVE),
+            undecided=TIE,
         ),
     ]
 
 
-def analyze(runs: list[Run]) -> Result:
-    """val/fid_lenet over training and validation loss, per conditioning."""
-    fig, (ax_fid, ax_loss) = plt.subplots(1, 2, figsize=(11, 4.2))
-    rows = []
-    for i, (cond, label) in enumerate(CONDITIONINGS.items()):
-        run = _one(runs, cond)
-        if run is None:
+def setting(data: pd.DataFrame, arms: list[str], name: str) -> str:
+    """The value(s) of a config setting over the jobs of some arms, as text ('?' if none)."""
+    values = data[data["arm"].isin(arms) & (data["metric"] == name)]["value"]
+    return "/".join(f"{v:g}" for v in sorted(values.unique())) or "?"
+
+
+def _dots(ax: plt.Axes, data: pd.DataFrame, arms: list[str], name: str) -> None:
+    """Each seed (dots) and the mean with its 95% t-interval, per arm; resampled sets as x."""
+    for i, a in enumerate(arms):
+        color = f"C{list(NAMES).index(a)}"
+        values = per_seed(data, a, name)
+        offsets = np.linspace(-0.12, 0.12, len(values)) if len(values) > 1 else [0.0]
+        ax.plot(i + np.asarray(offsets), values.values, ".", color=color, alpha=0.6)
+        interval = Interval.of(values.to_numpy())
+        if interval.known:
+            err = [[interval.mean - interval.low], [interval.high - interval.mean]]
+            ax.errorbar([i], [interval.mean], yerr=err, fmt="o", ms=7, capsize=4, color=color)
+        if name == FINAL_FID:
+            again = per_seed(data, a, RESAMPLED_FID)
+            ax.plot([i + 0.25] * len(again), again.values, "x", color=color)
+    ax.set_xticks(range(len(arms)), [NAMES[a] for a in arms], fontsize=8)
+
+
+def _loss_curves(ax: plt.Axes, data: pd.DataFrame, arms: list[str]) -> None:
+    for a in arms:
+        color = f"C{list(NAMES).index(a)}"
+        curves = metric(data, a, VAL_LOSS).pivot(index="x", columns="seed", values="value")
+        if curves.empty:
             continue
-        for ax, key in ((ax_fid, FID), (ax_loss, "val/loss")):
-            s = run.series(key)
-            ax.plot(s["step"] + 1, s[key], marker="o", color=f"C{i}", label=label)
-            rows += [
-                {"panel": key, "run": cond, "x_name": "step", "x": x + 1, "y_name": key, "y": y}
-                for x, y in zip(s["step"], s[key], strict=True)
-            ]
-    ax_fid.set(
-        title="FID in a Fashion-MNIST LeNet's features (lower is better)",
-        xlabel="training step",
-        ylabel="val/fid_lenet",
-    )
-    ax_loss.set(title="validation loss (EMA weights)", xlabel="training step", ylabel="val/loss")
-    for ax in (ax_fid, ax_loss):
-        ax.legend()
-    fig.suptitle("DiT conditioning (DiT Table 4), tiny DiT on Fashion-MNIST")
+        ax.plot(curves.index, curves.mean(axis=1), color=color, marker=".", label=NAMES[a])
+    ax.set(xlabel="training step", ylabel="val loss (EMA weights)",
+           title="val loss, mean over seeds")  # fmt: skip
+    ax.title.set_fontsize(9)
+    ax.legend(fontsize=8)
+
+
+def render(data: pd.DataFrame) -> Result:
+    """fid_lenet per arm (seeds, mean and CI, resampled sets) and val loss curves."""
+    arms = [c for c in NAMES if c in set(data["arm"])]
+    fig, (ax_fid, ax_loss) = plt.subplots(1, 2, figsize=(12, 4.4))
+    _dots(ax_fid, data, arms, FINAL_FID)
+    samples = setting(data, arms, "config/fid_samples")
+    guidance = setting(data, arms, "config/fid_guidance")
+    ax_fid.set(ylabel=f"fid_lenet ({samples} samples, guidance {guidance})",
+               title="fid_lenet per seed (dots), mean and 95% CI; x: the same checkpoint "
+               "on other noise")  # fmt: skip
+    ax_fid.title.set_fontsize(9)
+    _loss_curves(ax_loss, data, arms)
+    steps, depth = setting(data, arms, "steps"), setting(data, arms, DEPTH)
+    fig.suptitle(f"DiT conditioning (DiT Table 4) on Fashion-MNIST: DiT of {depth} blocks, "
+                 f"{steps} steps")  # fmt: skip
     fig.tight_layout()
-    notes = []
-    if not any(math.isfinite(final(_one(runs, c), FID)) for c in CONDITIONINGS):
-        notes.append("no finished run logged val/fid_lenet")
-    loss = {c: final(_one(runs, c), "val/loss") for c in CONDITIONINGS}
-    if decided(*loss.values()):  # the denoising loss, beside the FID the claims are about
-        order = sorted(loss, key=lambda c: loss[c])
-        notes.append(
-            "final val/loss (EMA weights, not a paper claim: the paper reports FID): "
-            + " < ".join(f"{CONDITIONINGS[c]} {show(loss[c], 4)}" for c in order)
-            + (" (the paper's FID order)" if order == sorted(PAPER_FID, key=PAPER_FID.get) else "")
+    best_fid, best_loss = _best_claims(data)
+    return Result(fig, [best_fid, *_rank_claims(data), best_loss], _notes(data, arms))
+
+
+def _mean_ci(values: pd.Series, digits: int) -> str:
+    i = Interval.of(values.to_numpy())
+    ci = f" [{i.low:.{digits}f}, {i.high:.{digits}f}]" if i.known else ""
+    return f"{i.mean:.{digits}f}{ci}"
+
+
+def _notes(data: pd.DataFrame, arms: list[str]) -> list[str]:
+    notes = [
+        "fid_lenet is the Frechet distance in the features of a LeNet trained on Fashion-MNIST "
+        "(normlab.fid), against the 10,000 test images; not Inception FID, so only its order "
+        "compares with the paper's. Every job draws its "
+        f"{setting(data, arms, 'config/fid_samples')} samples (classes balanced, "
+        f"{setting(data, arms, 'config/fid_steps')} DDIM steps, guidance "
+        f"{setting(data, arms, 'config/fid_guidance')}) from the EMA weights after its last step "
+        "and from the same starting noise, so a paired difference leaves that draw aside; the "
+        "resampling note shows how far another draw moves one checkpoint.",
+        "Per arm, mean [95% CI] over seeds: "
+        + "; ".join(
+            f"{NAMES[a]}: fid_lenet {_mean_ci(per_seed(data, a, FINAL_FID), 2)}, val loss "
+            f"{_mean_ci(per_seed(data, a, FINAL_LOSS), 4)}"
+            for a in arms
         )
-    return Result(fig, tidy(rows), _claims(runs), notes)
+        + ".",
+    ]
+    again = [
+        (a, s, per_seed(data, a, FINAL_FID).get(s), v)
+        for a in arms
+        for s, v in per_seed(data, a, RESAMPLED_FID).items()
+    ]
+    if again:
+        shifts = [abs(v - f) for _, _, f, v in again if f is not None]
+        notes.append(
+            "Resampling noise (one checkpoint, two disjoint sets of starting noise): "
+            + "; ".join(f"{NAMES[a]} seed {s}: {f:.2f} vs {v:.2f}" for a, s, f, v in again)
+            + f"; the largest shift {max(shifts):.2f}."
+        )
+    return notes

@@ -201,7 +201,7 @@ def render(data: pd.DataFrame) -> Result:
         "config: SGD batch 256, statistics over 32).",
     ]
     notes.append(_sgd_effect(err))
-    return Result(fig, None, _claims(err), notes)
+    return Result(fig, _claims(err), notes)
 
 
 def _sgd_effect(err: dict[str, pd.DataFrame]) -> str:

@@ -295,7 +295,7 @@ def render(data: pd.DataFrame) -> Result:
     )
     fig.tight_layout()
     claims = _grad_claims(data, depths) + _warmup_claims(data, lrs, warm)
-    return Result(fig, None, claims, _notes(data, depths, lrs))
+    return Result(fig, claims, _notes(data, depths, lrs))
 
 
 def _notes(data: pd.DataFrame, depths: list[int], lrs: list[float]) -> list[str]:

@@ -27,18 +27,13 @@ def results_table(root: Path) -> str:
     """One row per reproduction: its figure, and each claim's verdict with mean and 95% CI."""
     figures = root / "outputs" / "figures"
     lines = ["| figure | claims as tested: verdict (mean [95% CI], seeds) |", "|---|---|"]
-    for name, repro in REPRODUCTIONS.items():
+    for name in REPRODUCTIONS:
         link = f"[{name}](outputs/figures/{name}.md) ![](outputs/figures/{name}.png)"
         claims_file = figures / f"{name}.claims.csv"
-        if repro.seeded and claims_file.is_file():
+        if claims_file.is_file():
             text = _claims_cell(pd.read_csv(claims_file))
-        elif repro.seeded:
-            text = "not run yet: `python scripts/reproduce.py " + name + "`"
         else:
-            text = (
-                "one run per arm, verdicts without seed noise: see its md; it moves onto seeds "
-                "and confidence intervals next"
-            )
+            text = "not run yet: `python scripts/reproduce.py " + name + "`"
         lines.append(f"| {link} | {text} |")
     return "\n".join(lines) + "\n"
 

@@ -214,11 +214,14 @@ REPRODUCTIONS: dict[str, Reproduction] = {
         Reproduction(
             name="dit_conditioning",
             title="adaLN-Zero beats adaLN, cross-attention and in-context conditioning (DiT)",
-            grids=(Grid("", "dit_conditioning"),),
+            grids=(Grid("conditioning", "dit_conditioning"),),
             full=Budget(
-                ("batch=64",),
-                "4 jobs (adaln_zero, adaln, cross_attn, in_context), 2400 steps of 64 images, "
-                "val/fid_lenet of 1000 samples after the last step",
+                (),
+                "adaLN-Zero, adaLN, cross-attention, in-context x 3 seeds on the tiny DiT (4 "
+                "blocks). Each job 2,400 AdamW steps of 64 images (lr 2e-3, 100 warmup, cosine), "
+                "then val/fid_lenet of 5,000 samples without guidance (25 DDIM steps) from the EMA "
+                "weights, and of a second set of 5,000 (other starting noise) from each arm's "
+                "seed-0 checkpoint: 12 jobs",
             ),
             quick=Budget(
                 (
@@ -234,9 +237,13 @@ REPRODUCTIONS: dict[str, Reproduction] = {
                     "callbacks.fid.steps=5",
                     "callbacks.fid.batch_size=100",
                 ),
-                "4 jobs, 5 steps of 16 images, val/fid_lenet of 100 samples",
+                "4 conditionings x 2 seeds, 5 steps of 16 images, val/fid_lenet of 100 "
+                "samples (5 DDIM steps), resampled once per arm",
             ),
-            analyze=dit_conditioning.analyze,
+            arm=dit_conditioning.arm,
+            extract=dit_conditioning.extract,
+            render=dit_conditioning.render,
+            finish=dit_conditioning.resample,
             requires=("model/dit.yaml",),
             prepare=ensure_fid_lenet,
         ),

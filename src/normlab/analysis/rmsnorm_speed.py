@@ -232,7 +232,7 @@ def render(data: pd.DataFrame) -> Result:
                  "(Zhang & Sennrich 2019)")  # fmt: skip
     fig.tight_layout()
     claims = _speed_claims(data, threads) + _quality_claims(data, steps)
-    return Result(fig, None, claims, _notes(data, arms, steps))
+    return Result(fig, claims, _notes(data, arms, steps))
 
 
 def _arm_note(data: pd.DataFrame, norm: str, t: int) -> str:

@@ -19,8 +19,10 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import OmegaConf
 
+from normlab import fid_train
 from normlab.analysis.logs import Run, load_sweep, parse_overrides, same_value
 from normlab.analysis.report import JOBS_COLUMNS, Result
+from normlab.hydra_callbacks import EXIT_JOBS_FAILED
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -63,11 +65,10 @@ class Grid:
 class Reproduction:
     """A paper figure: the grids that sweep it, two budgets, and its analysis.
 
-    Seeded reproductions (`extract` and `render` set) run every arm with --seeds seeds (a grid
-    with its own `seeds` keeps that count under the full budget), keep every number they use in
-    runs.csv (`extract`: run logs -> long table) and draw the figure and decide the claims from
-    that table alone (`render`), so --redraw needs no logs.
-    The others (`analyze` on one run per arm) move onto seeds in a later change.
+    Every arm runs with --seeds seeds (a grid with its own `seeds` keeps that count under the
+    full budget); every number the analysis uses is kept in runs.csv (`extract`: run logs -> long
+    table), and the figure and claims come from that table alone (`render`), so --redraw needs
+    no logs.
     """
 
     name: str
@@ -75,17 +76,14 @@ class Reproduction:
     grids: tuple[Grid, ...]
     full: Budget
     quick: Budget
-    analyze: Callable[[list[Run]], Result] | None = None
-    arm: Callable[[Run], str] | None = None  # the arm a job belongs to (its seed aside)
-    extract: Callable[[list[Run]], pd.DataFrame] | None = None
-    render: Callable[[pd.DataFrame], Result] | None = None
+    arm: Callable[[Run], str]  # the arm a job belongs to (its seed aside)
+    extract: Callable[[list[Run]], pd.DataFrame]
+    render: Callable[[pd.DataFrame], Result]
     requires: tuple[str, ...] = ()  # conf/ files the sweep needs (models other engineers add)
     max_jobs: int | None = None  # cap on parallel jobs (timing sweeps run one job at a time)
     prepare: Callable[[Path], None] | None = None  # makes files the jobs read (run from REPO)
-
-    @property
-    def seeded(self) -> bool:
-        return self.render is not None
+    # measures more of the finished jobs (runs, parallel jobs, REPO), before extract reads them
+    finish: Callable[[list[Run], int, Path], None] | None = None
 
     def budget(self, quick: bool) -> Budget:
         return self.quick if quick else self.full
@@ -151,7 +149,9 @@ def _is_sweep(value: str) -> bool:
 def run(
     repro: Reproduction, quick: bool, root: Path, jobs: int, seeds: int | None = None, log=print
 ) -> float:
-    """Run (or complete) every grid's sweep; return the wall time in seconds."""
+    """Run (or complete) every grid's sweep; return the wall time in seconds. A sweep in which
+    some jobs failed or diverged (exit code EXIT_JOBS_FAILED) still counts: its summary has
+    their status, and the analysis reads it."""
     jobs = max(1, min(jobs, repro.max_jobs or jobs))
     # Threads through the environment, not an override: a job's overrides are its identity in
     # summary.csv, and the same job run with another --jobs must still count as done.
@@ -166,7 +166,9 @@ def run(
         cmd = command(g, repro.budget(quick), quick, sweep, jobs, seeded)
         log("+ " + " ".join(cmd))
         done = subprocess.run(cmd, cwd=REPO, env=env)
-        if done.returncode != 0:
+        if done.returncode == EXIT_JOBS_FAILED:
+            log(f"{repro.name}: some jobs failed or diverged, see {sweep / 'summary.md'}")
+        elif done.returncode != 0:
             raise RuntimeError(f"{repro.name}: sweep exited with code {done.returncode}")
     return time.time() - start
 
@@ -232,6 +234,6 @@ def jobs_frame(runs: list[Run], arm: Callable[[Run], str]) -> pd.DataFrame:
 
 
 def ensure_fid_lenet(repo: Path) -> None:
-    """val/fid_lenet measures in a trained LeNet: train it once if outputs/fid_lenet lacks it."""
-    if not (repo / "outputs" / "fid_lenet" / "lenet.pt").is_file():
-        subprocess.run([sys.executable, "scripts/train_fid_lenet.py"], cwd=repo, check=True)
+    """val/fid_lenet measures in a trained LeNet: train it once, before the jobs that use it
+    (their `fid` callback finds it in the same cache, normlab.fid_train)."""
+    fid_train.ensure(repo / fid_train.CACHE_DIR, conf_dir=repo / "conf")

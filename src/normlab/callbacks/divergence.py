@@ -8,12 +8,14 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 log = logging.getLogger(__name__)
 
 
 class DivergenceGuard(pl.Callback):
-    """Marks the task `diverged` (logged as metric `diverged`=1) and stops training cleanly."""
+    """Marks the task `diverged` with why in its `run_note` (logged as metric `diverged`=1),
+    stops ModelCheckpoint from saving a "best" checkpoint from then on, and stops training."""
 
     def __init__(self, factor: float = 10.0, warmup_steps: int = 0, key: str = "loss"):
         self.factor = factor
@@ -47,9 +49,13 @@ class DivergenceGuard(pl.Callback):
             if not math.isfinite(value)
             else f"> {self.factor} x first {self.first:.4g}"
         )
-        log.warning("loss %.4g at step %d is %s: run diverged", value, trainer.global_step, reason)
-        pl_module.run_status = "diverged"
+        why = f"loss {value:.4g} at step {trainer.global_step} is {reason}"
+        log.warning("%s: run diverged; no best checkpoint is saved from here on", why)
+        pl_module.run_status, pl_module.run_note = "diverged", why
         pl_module.log("diverged", 1.0, on_step=True, on_epoch=False)
+        for callback in trainer.checkpoint_callbacks:  # the validation that follows the stop
+            if isinstance(callback, ModelCheckpoint):  # would rank the diverged weights
+                callback.save_top_k = 0
         trainer.should_stop = True
 
     def state_dict(self) -> dict[str, Any]:

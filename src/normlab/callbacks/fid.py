@@ -1,13 +1,16 @@
 """val/fid_lenet every k epochs: Fréchet distance of EMA samples to the Fashion-MNIST test set
-in a trained LeNet's feature space (not Inception FID; see normlab.fid)."""
+in a trained LeNet's feature space (not Inception FID; see normlab.fid). The LeNet is a given
+file (`ckpt`) or the cached one of normlab.fid_train, trained on first use."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from pathlib import Path
 
 import lightning.pytorch as pl
 
-from normlab import fid
+from normlab import fid, fid_train, identity
 
 log = logging.getLogger(__name__)
 
@@ -17,8 +20,11 @@ class FIDLeNet(pl.Callback):
 
     def __init__(
         self,
-        ckpt: str,
         data_root: str,
+        ckpt: str | None = None,
+        cache_dir: str = str(fid_train.CACHE_DIR),
+        lenet_epochs: int = fid_train.EPOCHS,
+        lenet_overrides: Sequence[str] = (),
         every_n_epochs: int = 1,
         num_samples: int = 1000,
         steps: int | None = None,
@@ -28,6 +34,9 @@ class FIDLeNet(pl.Callback):
     ) -> None:
         self.ckpt = ckpt
         self.data_root = data_root
+        self.cache_dir = cache_dir
+        self.lenet_epochs = lenet_epochs
+        self.lenet_overrides = list(lenet_overrides)
         self.every_n_epochs = every_n_epochs
         self.num_samples = num_samples
         self.steps = steps
@@ -38,11 +47,24 @@ class FIDLeNet(pl.Callback):
         self.reference = None
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        # load the LeNet and the test-set statistics before training: a missing file fails now
+        # the LeNet and the test-set statistics before training: a file given as `ckpt` is used
+        # as is (missing: fails now); otherwise the cached LeNet, trained here on first use
         if self.features is None:
-            self.features = fid.load_feature_extractor(self.ckpt)
+            path = self.ckpt or self.lenet()
+            log.info("val/fid_lenet measures in the LeNet %s", path)
+            self.features = fid.load_feature_extractor(path)
             reference = self.features(fid.fashion_mnist_test_pixels(self.data_root))
             self.reference = fid.feature_stats(reference)
+
+    def lenet(self) -> Path:
+        """The cached LeNet of this recipe and data (normlab.fid_train), trained if missing."""
+        return fid_train.ensure(
+            self.cache_dir,
+            self.lenet_epochs,
+            self.lenet_overrides,
+            self.data_root,
+            identity.hydra_conf_dir(),
+        )
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking or (trainer.current_epoch + 1) % self.every_n_epochs:

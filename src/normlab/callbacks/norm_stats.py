@@ -1,6 +1,7 @@
 """Statistics of norm layers during training (the BN paper's Figure 1 comes from these logs).
 
-Every `every_n_steps` training steps, for each selected norm layer, logs
+Every `every_n_steps` training steps, for each selected norm layer (default: every layer that
+normalizes, once; see `default_layers`), logs
   norm/<layer>/in_mean, in_std    mean and std of the norm's input
   norm/<layer>/out_mean, out_std  the same for its output (the pre-activation)
   preact/<layer>/p15, p50, p85    percentiles of the pre-activation of one unit (channel `unit`)
@@ -20,9 +21,28 @@ from torch import nn
 QUANTILES = torch.tensor([0.15, 0.50, 0.85])
 
 
+# torch's own norm layers (a model may hold one that is not a normlab norm)
+TORCH_NORMS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm, nn.RMSNorm)
+
+
+def is_norm(module: nn.Module) -> bool:
+    """A layer that normalizes: a normlab norm (its `normalizes` trait: not `none`, an adaptive
+    norm only over a real norm) or a torch norm layer; never a placeholder like nn.Identity."""
+    flag = getattr(module, "normalizes", None)
+    return bool(flag) if flag is not None else isinstance(module, TORCH_NORMS)
+
+
 def default_layers(model: nn.Module) -> list[str]:
-    """Modules whose own name starts with 'norm' (LeNet's norm1..norm4, blocks' norms)."""
-    return [name for name, _ in model.named_modules() if name.rsplit(".", 1)[-1].startswith("norm")]
+    """Every normalization layer once: the outermost module that normalizes (an adaptive norm,
+    not also the norm inside it), in the trained network only (a task's `net`, not its EMA)."""
+    net = getattr(model, "net", None)
+    root, prefix = (net, "net.") if isinstance(net, nn.Module) else (model, "")
+    found: list[str] = []
+    for name, module in root.named_modules():
+        inside = any(name.startswith(f"{outer}.") for outer in found)
+        if name and not inside and is_norm(module):
+            found.append(name)
+    return [prefix + name for name in found]
 
 
 def unit_percentiles(y: torch.Tensor) -> torch.Tensor:

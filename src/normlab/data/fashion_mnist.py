@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from pathlib import Path
@@ -10,7 +11,7 @@ import lightning.pytorch as pl
 import torch
 from torchvision.datasets import FashionMNIST
 
-from normlab.data.integrity import verify
+from normlab.data.integrity import digest, verify
 from normlab.data.tensor_loader import TensorLoader
 from normlab.errors import DataError
 
@@ -21,6 +22,7 @@ SHA256 = {
     "t10k-images-idx3-ubyte": "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",
     "t10k-labels-idx1-ubyte": "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34",
 }
+TRAIN_IMAGES = 60_000  # in the release's training file (every file is checked against SHA256)
 CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
            "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")  # fmt: skip
 
@@ -49,6 +51,21 @@ class FashionMNISTDataModule(pl.LightningDataModule):
         self.download = download
         self.splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.mean = self.std = 0.0
+        self.check_sizes(world_size=1)  # before any work; setup checks again per process
+
+    def check_sizes(self, world_size: int) -> None:
+        """Raise DataError, naming the numbers, unless the split leaves every one of world_size
+        processes at least one full training batch (a last partial batch is dropped)."""
+        n, val = TRAIN_IMAGES, self.val_size
+        if isinstance(val, bool) or not isinstance(val, int) or not 0 <= val < n:
+            raise DataError(f"data.val_size must be in [0, {n}) (the training images), got {val!r}")
+        per_process = (n - val) // world_size
+        if self.batch_size > per_process:
+            over = f", over {world_size} processes" if world_size > 1 else ""
+            raise DataError(
+                f"batch={self.batch_size} is more than the {per_process} training images per "
+                f"process ({n} - data.val_size={val}{over}): no full training batch"
+            )
 
     @property
     def raw_dir(self) -> Path:
@@ -66,8 +83,13 @@ class FashionMNISTDataModule(pl.LightningDataModule):
         missing = [f for f in SHA256 if not (self.raw_dir / f).exists()]
         if missing and self.download:
             self._download(missing)
-        for name, digest in SHA256.items():
-            verify(self.raw_dir / name, digest, self._hint())
+        for name, expected in SHA256.items():
+            verify(self.raw_dir / name, expected, self._hint())
+
+    def checksum(self) -> str:
+        """sha256 over the sha256 of each of the four files (after prepare_data verified them)."""
+        lines = "".join(f"{name} {digest(self.raw_dir / name)}\n" for name in sorted(SHA256))
+        return hashlib.sha256(lines.encode()).hexdigest()
 
     def _download(self, missing: list[str]) -> None:
         """Download into a temp dir beside raw/, then move each file in with one rename, so a
@@ -95,11 +117,7 @@ class FashionMNISTDataModule(pl.LightningDataModule):
         self.prepare_data()
         images, labels = self._read(train=True)
         test_images, test_labels = self._read(train=False)
-        if self.val_size >= len(images):
-            raise DataError(
-                f"data.val_size={self.val_size} leaves no training images "
-                f"(the split has {len(images)})"
-            )
+        self.check_sizes(self.trainer.world_size if self.trainer else 1)
         order = torch.randperm(
             len(images), generator=torch.Generator().manual_seed(self.split_seed)
         )

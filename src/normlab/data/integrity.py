@@ -26,26 +26,39 @@ def _key(path: Path) -> str:
     return f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
 
 
+def _read_cache() -> dict[str, str]:
+    try:
+        return json.loads(CACHE.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_cache(cache: dict[str, str]) -> None:
+    try:
+        atomic_write(CACHE, json.dumps(cache, indent=0))
+    except OSError:
+        pass  # a read-only home only costs a re-hash next time
+
+
+def digest(path: Path) -> str:
+    """sha256 of a file, from the cache when this file version (path, size, mtime) was hashed."""
+    path = Path(path)
+    cache = _read_cache()
+    key = _key(path)
+    if key not in cache:
+        cache[key] = sha256(path)
+        _write_cache(cache)
+    return cache[key]
+
+
 def verify(path: Path, expected: str, hint: str) -> None:
-    """Raise DataError unless path's sha256 is `expected`; a verified file version is cached."""
+    """Raise DataError unless path's sha256 is `expected`; a file version is hashed once."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"missing data file {path}. {hint}")
-    try:
-        cache = json.loads(CACHE.read_text())
-    except (OSError, ValueError):
-        cache = {}
-    key = _key(path)
-    if cache.get(key) == expected:
-        return
-    actual = sha256(path)
+    actual = digest(path)
     if actual != expected:
         raise DataError(
             f"corrupted or truncated data file {path} ({path.stat().st_size} bytes): sha256 "
             f"{actual[:12]}... but the release has {expected[:12]}... Delete it and {hint}"
         )
-    cache[key] = expected
-    try:
-        atomic_write(CACHE, json.dumps(cache, indent=0))
-    except OSError:
-        pass  # a read-only home only costs a re-hash next time

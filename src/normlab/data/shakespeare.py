@@ -103,6 +103,14 @@ class ShakespeareDataModule(pl.LightningDataModule):
         self.val_fraction, self.seed, self.download = val_fraction, seed, download
         self.url = url
         self.chars: list[str] = []
+        for key in ("train_batches_per_epoch", "val_batches"):  # 0: an epoch with no batches
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise DataError(f"data.{key} must be a positive integer, got {value!r}")
+        if not isinstance(val_fraction, (int, float)) or not 0 < val_fraction < 1:
+            raise DataError(
+                f"data.val_fraction must be in (0, 1) (both splits need text), got {val_fraction!r}"
+            )
 
     # ----------------------------------------------------------------------------------------
     # Files
@@ -162,6 +170,11 @@ class ShakespeareDataModule(pl.LightningDataModule):
         if model_ctx is not None and self.ctx > model_ctx:
             raise ConfigError(
                 f"data.ctx={self.ctx} is longer than the model's context length {model_ctx}"
+            )
+        if len(self.train_data) <= self.ctx:
+            raise DataError(
+                f"the training split has {len(self.train_data)} characters (data.val_fraction="
+                f"{self.val_fraction}), fewer than a window of {self.ctx + 1}: no training batch"
             )
         need = self.batch_size * (self.ctx + 1) * self.val_batches
         if need > len(self.val_data):

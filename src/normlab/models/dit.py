@@ -15,7 +15,8 @@ guidance). `conditioning` picks how the blocks see it:
                 final layer
 
 The norms come from the registry (`norm`: the composed norm config); they must normalise the
-last (feature) axis of (B, T, D) tokens.
+last (feature) axis of (B, T, D) tokens. `norm_eps` (DiT's 1e-6, as its LayerNorms) replaces
+the norm config's eps in every norm the model builds; None keeps the config's.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from timm.layers import Attention, Mlp, PatchEmbed
 from torch import nn
 
 from normlab.errors import ConfigError
-from normlab.norms import NormConfigError, norm_from_config
+from normlab.norms import NormConfigError, norm_from_config, norm_keywords
 from normlab.norms.adaptive import AdaLN, AdaLNZero, AdaptiveNorm, as_norm_config
 
 CONDITIONINGS = ("adaln_zero", "adaln", "cross_attn", "in_context")
@@ -225,6 +226,7 @@ class DiT(nn.Module):
         depth: int | None = None,
         num_heads: int | None = None,
         patch_size: int | None = None,
+        norm_eps: float | None = 1e-6,
     ) -> None:
         super().__init__()
         if size not in DIT_SIZES:
@@ -250,6 +252,8 @@ class DiT(nn.Module):
                 f"dit: num_heads={shape['num_heads']} does not divide hidden_size={D}"
             )
         norm = as_norm_config(norm)
+        if norm_eps is not None and "eps" in norm_keywords(norm["name"]):
+            norm["eps"] = norm_eps  # DiT's LayerNorm eps, in every norm built below
         family = getattr(norm_from_config(norm, D), "family", norm["name"])
         if family not in TOKEN_NORMS:
             raise NormConfigError(

@@ -12,6 +12,9 @@ from normlab.errors import ConfigError
 from normlab.norms import needs_spatial, norm_from_config
 
 ACTIVATIONS = {"sigmoid": nn.Sigmoid, "relu": nn.ReLU}
+# 2x2 stride-2 pooling after each conv: avg as d2l's LeNet (LeNet-5's subsampling), the default;
+# max as the lecture's LeNet+BN
+POOLS = {"avg": nn.AvgPool2d, "max": nn.MaxPool2d}
 NONE = {"name": "none"}
 
 
@@ -24,7 +27,8 @@ class LeNet(nn.Module):
     except for a norm that needs spatial extent (instancenorm), which an fc layer lacks — those
     layers then get no norm. An explicit fc_norm config is used as given. `channels` are the two
     conv widths, LeNet-5's (6, 16) by default; (16, 32) leaves GroupNorm room for 4 groups of at
-    least 4 channels in both conv layers.
+    least 4 channels in both conv layers. `pool` is the 2x2 pooling after each conv: "avg"
+    (d2l's LeNet) or "max".
     """
 
     input_shape = (1, 28, 28)
@@ -36,6 +40,7 @@ class LeNet(nn.Module):
         activation: str = "sigmoid",
         num_classes: int = 10,
         channels: Sequence[int] = (6, 16),
+        pool: str = "avg",
     ):
         super().__init__()
         is_list = isinstance(channels, Sequence) and not isinstance(channels, str)
@@ -52,11 +57,14 @@ class LeNet(nn.Module):
             raise ConfigError(
                 f"model.net.activation={activation!r}: choose one of {list(ACTIVATIONS)}"
             )
+        if pool not in POOLS:
+            raise ConfigError(f"model.net.pool={pool!r}: choose one of {list(POOLS)}")
         if fc_norm == "auto":
             fc_norm = NONE if needs_spatial(norm["name"]) else norm
         elif isinstance(fc_norm, str):
             fc_norm = {"name": fc_norm}
         act = ACTIVATIONS[activation]
+        pooling = POOLS[pool]
 
         def build(spec: Mapping[str, Any], features: int, layer: str) -> nn.Module:
             try:
@@ -70,11 +78,11 @@ class LeNet(nn.Module):
                 conv1=nn.Conv2d(1, c1, kernel_size=5),
                 norm1=build(norm, c1, "features.norm1"),
                 act1=act(),
-                pool1=nn.AvgPool2d(2, 2),
+                pool1=pooling(2, 2),
                 conv2=nn.Conv2d(c1, c2, kernel_size=5),
                 norm2=build(norm, c2, "features.norm2"),
                 act2=act(),
-                pool2=nn.AvgPool2d(2, 2),
+                pool2=pooling(2, 2),
             )
         )
         # ----- classifier: (B, c2 * 4 * 4) -> (B, num_classes); act4's output: penultimate feature

@@ -6,7 +6,13 @@ from normlab.norms.fold import fold_batchnorm
 from normlab.norms.groupnorm import GroupNorm
 from normlab.norms.instancenorm import InstanceNorm
 from normlab.norms.layernorm import LayerNorm
-from normlab.norms.registry import available_norms, create_norm, needs_spatial, norm_from_config
+from normlab.norms.registry import (
+    available_norms,
+    create_norm,
+    needs_spatial,
+    norm_from_config,
+    norm_keywords,
+)
 from normlab.norms.rmsnorm import PRMSNorm, RMSNorm, RMSNormFunction
 
 __all__ = [
@@ -26,4 +32,5 @@ __all__ = [
     "fold_batchnorm",
     "needs_spatial",
     "norm_from_config",
+    "norm_keywords",
 ]

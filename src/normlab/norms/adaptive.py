@@ -1,4 +1,4 @@
-"""Adaptive norms: a base norm without its own affine, then shift/scale regressed from a condition.
+"""Adaptive norms: a base norm, then shift/scale regressed from a condition.
 
 One idea, four names. Every layer here computes
 
@@ -12,8 +12,10 @@ whether a residual gate is regressed too, and how the regression starts:
     FiLM            (Perez et al. 2018)         no norm: gamma(z) * x + beta(z), gamma = 1 + dgamma
     ScaleShiftNorm  (ADM, Dhariwal & Nichol 21) groupnorm on conv features (B, C, H, W), SiLU
 
-The base norm comes from the registry (`norm_from_config`) with its affine switched off: the
-regressed shift/scale replace it.
+The base norm comes from the registry (`norm_from_config`). In DiT's layers its affine is
+switched off: the regressed shift/scale replace it. ADM's ScaleShiftNorm keeps the GroupNorm's
+own affine (guided-diffusion's `normalization()` is a plain affine GroupNorm), computes it in
+fp32 and regresses its chunks in the order (scale, shift).
 """
 
 from __future__ import annotations
@@ -89,9 +91,15 @@ class AdaptiveNorm(nn.Module):
         activation: bool = True,
         gated: bool = False,
         zero_init: bool = False,
+        norm_affine: bool = False,
     ) -> None:
         super().__init__()
-        self.norm = plain_norm(norm, num_features)
+        if norm_affine:  # the base norm keeps its own affine (ADM)
+            from normlab.norms import norm_from_config  # the registry imports this module
+
+            self.norm = norm_from_config(as_norm_config(norm), num_features)
+        else:  # the regressed shift/scale replace it (DiT)
+            self.norm = plain_norm(norm, num_features)
         self.dim = dim
         self.gated = gated
         self.zero_init = zero_init
@@ -111,6 +119,11 @@ class AdaptiveNorm(nn.Module):
             nn.init.zeros_(linear.bias)
         else:
             linear.reset_parameters()
+
+    @property
+    def normalizes(self) -> bool:
+        """Whether its inner norm normalizes (FiLM's, and any over `none`, only modulates)."""
+        return bool(getattr(self.norm, "normalizes", False))
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, gated={self.gated}, zero_init={self.zero_init}"
@@ -157,7 +170,13 @@ class FiLM(AdaptiveNorm):
 
 
 class ScaleShiftNorm(AdaptiveNorm):
-    """ADM scale-shift norm on (B, C, H, W): GroupNorm(h) * (1 + scale) + shift, SiLU + Linear."""
+    """ADM's scale-shift norm on (B, C, H, W): GroupNorm (own affine, fp32) * (1 + scale) + shift.
+
+    As guided-diffusion's ResBlock with `use_scale_shift_norm`: `GroupNorm32` (an affine
+    nn.GroupNorm run on x.float() and cast back to x's dtype), then
+    `scale, shift = chunk(Linear(SiLU(emb)), 2)` (scale first), cast to h's dtype.
+    Keep the layer's parameters in fp32 (ADM's fp16 mode converts only convs and linears).
+    """
 
     def __init__(
         self,
@@ -167,4 +186,9 @@ class ScaleShiftNorm(AdaptiveNorm):
         eps: float = 1e-5,
     ) -> None:
         norm = {"name": "groupnorm", "num_groups": num_groups, "eps": eps}
-        super().__init__(num_channels, cond_dim, norm, dim=1)
+        super().__init__(num_channels, cond_dim, norm, dim=1, norm_affine=True)
+
+    def forward(self, x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        scale, shift = self.modulation(emb).chunk(2, dim=-1)  # (B, C) each, ADM's order
+        h = self.norm(x.float()).to(x.dtype)  # (B, C, H, W): statistics and affine in fp32
+        return modulate(h, shift.to(h.dtype), scale.to(h.dtype), self.dim)

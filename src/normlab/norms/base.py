@@ -23,11 +23,17 @@ def check_positive_int(family: str, name: str, value: object) -> int:
 
 
 def check_eps(family: str, eps: float | None, allow_none: bool = False) -> float | None:
-    """Return `eps` if it is a number >= 0 (or None when allowed), else raise NormConfigError."""
+    """Return `eps` if it is a finite number > 0 (or None when allowed), else raise
+    NormConfigError: eps = 0 divides by zero on a constant input, NaN or inf spoils every output."""
     if eps is None and allow_none:
         return None
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps < 0:
-        raise NormConfigError(f"{family}: eps must be a number >= 0, got {eps!r}")
+    if (
+        isinstance(eps, bool)
+        or not isinstance(eps, (int, float))
+        or not math.isfinite(eps)
+        or eps <= 0
+    ):
+        raise NormConfigError(f"{family}: eps must be a finite number > 0, got {eps!r}")
     return float(eps)
 
 
@@ -62,6 +68,8 @@ class Norm(nn.Module):
     syncable: ClassVar[bool] = False
     # where the family's features sit: 1 for (N, C, *) families, -1 for (..., D) families
     natural_channel_dim: ClassVar[int] = 1
+    # whether it normalizes its input (False for the `none` placeholder): what norm statistics hook
+    normalizes: ClassVar[bool] = True
 
     def __init__(self, impl: str = "fast", sync: bool = False) -> None:
         super().__init__()
@@ -147,6 +155,7 @@ class NoNorm(Norm):
     """The `none` choice: returns its input unchanged."""
 
     family = "none"
+    normalizes = False
 
     def __init__(self, num_features: int | None = None, impl: str = "fast", sync: bool = False):
         super().__init__(impl, sync)

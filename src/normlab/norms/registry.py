@@ -60,6 +60,12 @@ def needs_spatial(name: str) -> bool:
     return _canonical(name) in _SPATIAL
 
 
+def norm_keywords(name: str) -> list[str]:
+    """The keyword arguments the family `name` takes (besides num_features and channel_dim)."""
+    cls = _NORMS[_canonical(name)]
+    return [p for p in inspect.signature(cls).parameters if p != "num_features"]
+
+
 def create_norm(
     name: str, num_features: int, channel_dim: int | None = None, **kwargs: object
 ) -> nn.Module:
@@ -72,7 +78,7 @@ def create_norm(
     """
     key = _canonical(name)
     cls = _NORMS[key]
-    valid = [p for p in inspect.signature(cls).parameters if p != "num_features"]
+    valid = norm_keywords(key)
     unknown = sorted(set(kwargs) - set(valid))
     if unknown:
         raise NormConfigError(

@@ -57,6 +57,7 @@ class Task(pl.LightningModule):
         self.net = net
         self.optim_cfg = dict(optim)
         self.run_status = "ok"  # set to "diverged" by the divergence guard
+        self.run_note = ""  # why the status is not ok (the guard's reason)
 
     def example_input(self, batch_size: int) -> tuple[torch.Tensor, ...]:
         raise NotImplementedError
