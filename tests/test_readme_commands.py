@@ -1,0 +1,195 @@
+"""Every command the README shows, run as typed from the repository root, shrunk by appended
+options (fewer steps, samples and trials; outputs in a temp dir). Slow: CI runs it.
+
+The commands are read from the README's code blocks, so a command added there is run here; a
+command this file does not know how to shrink fails the test until it is taught one.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+
+# what `python train.py ...` runs get appended, by what they train
+SHRINK = {
+    "lenet": [
+        "trainer.max_epochs=1",
+        "trainer.limit_train_batches=2",
+        "trainer.limit_val_batches=1",
+        "trainer.limit_test_batches=1",
+    ],
+    "transformer": [
+        "batch=8",
+        "trainer.max_epochs=1",
+        "data.train_batches_per_epoch=2",
+        "data.val_batches=1",
+    ],
+    "dit": [
+        "batch=16",
+        "trainer.max_epochs=1",
+        "trainer.limit_train_batches=2",
+        "trainer.limit_val_batches=1",
+        "trainer.limit_test_batches=1",
+        "model.sample_steps=2",
+        "callbacks.samples.per_class=1",
+        "callbacks.fid.every_n_epochs=1",
+        "callbacks.fid.num_samples=50",
+        "callbacks.fid.steps=2",
+        "callbacks.fid.batch_size=50",
+    ],
+}
+# commands no machine without a cluster can run; each with why
+CANNOT_RUN_HERE = {
+    "hydra/launcher=submitit_slurm": "needs a SLURM cluster (sbatch)",
+}
+# scripts, by name: options appended ({tmp}: the test's temp dir)
+SCRIPT_SHRINK = {
+    "reproduce.py": ["--quick", "--root", "{tmp}"],
+    "bench.py": [
+        "--rounds",
+        "1",
+        "--threads",
+        "1",
+        "--train-cases",
+        "lenet_bn_epoch",
+        "--out",
+        "{tmp}/bench",
+    ],
+}
+# placeholders in the README's usage lines, and what stands for them here
+PLACEHOLDERS = {"NAME": "gn_batch_size"}
+
+
+def readme_commands() -> list[tuple[str, str | None]]:
+    """(command, the error the README shows it printing, or None), from every code block."""
+    commands, block, inside = [], [], False
+    for line in README.read_text().splitlines():
+        if line.startswith("```"):
+            if inside:
+                commands += block_commands(block)
+            block, inside = [], not inside
+        elif inside:
+            block.append(line)
+    return commands
+
+
+def block_commands(lines: list[str]) -> list[tuple[str, str | None]]:
+    found, i = [], 0
+    while i < len(lines):
+        line = lines[i].removeprefix("$ ")
+        i += 1
+        if not line.startswith("python ") or line.startswith("python -c"):
+            continue
+        while line.endswith("\\"):  # continuation lines
+            line = line[:-1] + lines[i].strip()
+            i += 1
+        line = line.split("  #")[0].split(" # ")[0].strip()
+        error = None
+        if i < len(lines) and lines[i].startswith("error:"):  # the block shows it failing
+            error = " ".join(lines[i:])
+        found.append((line, error))
+    return found
+
+
+def shrunk(command: str, tmp: Path) -> list[str]:
+    """The command's argv with the options that shrink it and send its outputs to tmp."""
+    for name, value in PLACEHOLDERS.items():
+        command = command.replace(name, value)
+    command = re.sub(r"\s*\[--[^\]]*\]", "", command)  # optional parts of a usage line
+    argv = shlex.split(command)
+    argv[0] = sys.executable
+    if argv[1] == "train.py":
+        return [*argv[:2], *train_args(argv[2:], tmp)]
+    script = Path(argv[1]).name
+    if script not in SCRIPT_SHRINK:
+        raise AssertionError(f"the README runs {argv[1]}: teach this test how to shrink it")
+    if "--list" in argv:
+        return argv
+    if "--readme" in argv or "--redraw" in argv:  # they read the committed results under --root
+        return [*argv, "--root", str(tmp)]
+    extra = [a.format(tmp=tmp) for a in SCRIPT_SHRINK[script]]
+    return argv + [a for a in extra if a not in argv or not a.startswith("--")]
+
+
+def train_args(args: list[str], tmp: Path) -> list[str]:
+    """A train.py command's overrides, shrunk: a key the command sets keeps its value, except a
+    sweep's number of trials."""
+    text = " ".join(args)
+    kind = "dit" if "dit" in text else "transformer" if "transformer" in text else "lenet"
+    keys = {a.split("=")[0] for a in args if "=" in a}
+    options = [o for o in SHRINK[kind] if o.split("=")[0] not in keys]
+    multirun = "-m" in args or "hparams_search=" in text
+    options.append(f"hydra.{'sweep' if multirun else 'run'}.dir={tmp / 'out'}")
+    if "hparams_search=" in text:
+        args = [a for a in args if not a.startswith("hydra.sweeper.n_trials=")]
+        options.append("hydra.sweeper.n_trials=2")
+    return args + options
+
+
+def distinct(commands: list[tuple[str, str | None]]) -> list[tuple[str, str | None]]:
+    """Each command once: two lines that run the same shrunk argv are one case."""
+    seen, kept = set(), []
+    for command, error in commands:
+        key = tuple(sorted(shrunk(command, Path("/tmp/x"))))
+        if key not in seen:
+            seen.add(key)
+            kept.append((command, error))
+    return kept
+
+
+COMMANDS = distinct(readme_commands())
+
+
+def test_the_readme_shows_the_commands_this_file_expects():
+    shown = [c for c, _ in COMMANDS]
+    assert "python train.py" in shown
+    assert any(c.startswith("python train.py experiment=dit") for c in shown)
+    assert any(e for _, e in COMMANDS), "the README's example of a one-line error"
+    assert len(shown) >= 15
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command,error", COMMANDS, ids=[c for c, _ in COMMANDS])
+def test_readme_command_works_as_typed(command, error, tmp_path):
+    for key, why in CANNOT_RUN_HERE.items():
+        if key in command:
+            pytest.skip(why)
+    if "--redraw" in command or "--readme" in command:  # they read the committed results
+        shutil.copytree(REPO / "outputs" / "figures", tmp_path / "outputs" / "figures")
+        shutil.copy(README, tmp_path / "README.md")
+    argv = shrunk(command, tmp_path)
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=900)
+    if error is not None:
+        assert proc.returncode != 0
+        printed = " ".join(proc.stderr.split())
+        assert " ".join(error.split()) in printed, proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr
+        return
+    assert proc.returncode == 0, f"{' '.join(argv)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+
+
+def test_readme_python_example_runs():
+    """The README's Python example of the norms API, with a model for its `model`."""
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    (example,) = [b for b in blocks if "create_norm(" in b]
+    import torch
+
+    from normlab.norms import create_norm
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 64, 3), create_norm("batchnorm", 64))
+    model(torch.randn(4, 3, 8, 8))  # running statistics off their init
+    scope = {"model": model}
+    exec(compile(example, "README.md", "exec"), scope)
+    assert isinstance(scope["folded"], torch.nn.Module)
+    x = torch.randn(2, 3, 8, 8)
+    torch.testing.assert_close(scope["folded"](x), model.eval()(x), rtol=1e-4, atol=1e-5)
+    assert "groupnorm" in scope["available_norms"]()
