@@ -696,7 +696,7 @@ def test_dit_conditioning_resamples_each_arms_first_seed_with_its_own_fid_settin
     cfg = OmegaConf.load(runs[0].run_dir / ".hydra" / "config.yaml")
     cfg.callbacks.fid.update(ckpt="lenet.pt", data_root="data", batch_size=500, steps=25)
     OmegaConf.save(cfg, runs[1].run_dir / ".hydra" / "config.yaml")
-    cmd = dit_conditioning._resample_command(runs[1], threads=1)
+    cmd = dit_conditioning._resample_command(runs[1], threads=1, repo=tmp_path)
     flags = dict(zip(cmd[3::2], cmd[4::2], strict=True))
     assert cmd[2] == str(runs[1].run_dir / "checkpoints" / "last.ckpt")
     assert flags["--seed"] == "1" and flags["--num-samples"] == "5000"  # the fid seed's next

@@ -80,8 +80,9 @@ def test_a_sweep_of_ok_jobs_exits_0(tmp_path):
 def test_a_reproduction_goes_on_when_some_jobs_of_its_sweep_failed(tmp_path, monkeypatch):
     from normlab.analysis import sweep
 
+    unused = lambda *_: None  # noqa: E731  (the analysis is not reached)
     repro = sweep.Reproduction("r", "r", (sweep.Grid("", "bn_lenet"),), sweep.Budget((), ""),
-                               sweep.Budget((), ""))  # fmt: skip
+                               sweep.Budget((), ""), unused, unused, unused)  # fmt: skip
     for code, fine in ((0, True), (EXIT_JOBS_FAILED, True), (1, False)):
         done = subprocess.CompletedProcess([], code)
         monkeypatch.setattr(sweep.subprocess, "run", lambda *a, done=done, **k: done)
