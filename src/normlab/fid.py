@@ -140,12 +140,9 @@ def load_feature_extractor(path: str | Path) -> LeNetFeatures:
 
 def fashion_mnist_test_pixels(root: str | Path) -> torch.Tensor:
     """The 10,000 Fashion-MNIST test images as (N, 1, 28, 28) floats in [0, 1]."""
-    from torchvision.datasets import FashionMNIST
+    from normlab.data.fashion_mnist import FashionMNISTDataModule
 
-    try:
-        images = FashionMNIST(str(root), train=False, download=False).data
-    except RuntimeError as err:
-        raise ConfigError(f"fid_lenet reference set: {err} (root={root})") from err
+    images = FashionMNISTDataModule(root=str(root), download=False).test_images()
     return images.float().div(255).unsqueeze(1)
 
 

@@ -1,4 +1,7 @@
-"""Fashion-MNIST as one normalized tensor in memory, read with torchvision's FashionMNIST reader."""
+"""Fashion-MNIST as one normalized tensor in memory, read with torchvision's IDX reader.
+
+raw/ may hold the official .gz files, the unpacked files, or both: a missing unpacked file is
+unpacked from its .gz (into raw/, or into normlab's cache folder when raw/ is read-only)."""
 
 from __future__ import annotations
 
@@ -10,8 +13,9 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 from torchvision.datasets import FashionMNIST
+from torchvision.datasets.mnist import read_image_file, read_label_file
 
-from normlab.data.integrity import digest, verify
+from normlab.data.integrity import cache_dir, gunzip, verify
 from normlab.data.tensor_loader import TensorLoader
 from normlab.errors import DataError
 
@@ -21,6 +25,13 @@ SHA256 = {
     "train-labels-idx1-ubyte": "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9",
     "t10k-images-idx3-ubyte": "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",
     "t10k-labels-idx1-ubyte": "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34",
+}
+# sha256 of the official .gz files (their md5 are the ones in torchvision's FashionMNIST.resources).
+GZ_SHA256 = {
+    "train-images-idx3-ubyte": "3aede38d61863908ad78613f6a32ed271626dd12800ba2636569512369268a84",
+    "train-labels-idx1-ubyte": "a04f17134ac03560a47e3764e11b92fc97de4d1bfaf8ba1a3aa29af54cc90845",
+    "t10k-images-idx3-ubyte": "346e55b948d973a97e58d2351dde16a484bd415d4595297633bb08f03db6a073",
+    "t10k-labels-idx1-ubyte": "67da17c76eaffca5446c3361aaab5c3cd6d1c2608764d35dfb1850b086bf8dd5",
 }
 TRAIN_IMAGES = 60_000  # in the release's training file (every file is checked against SHA256)
 CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
@@ -50,6 +61,7 @@ class FashionMNISTDataModule(pl.LightningDataModule):
         self.split_seed = split_seed
         self.download = download
         self.splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._paths: dict[str, Path] = {}  # name -> verified unpacked file, set by prepare_data
         self.mean = self.std = 0.0
         self.check_sizes(world_size=1)  # before any work; setup checks again per process
 
@@ -71,45 +83,112 @@ class FashionMNISTDataModule(pl.LightningDataModule):
     def raw_dir(self) -> Path:
         return self.root / "FashionMNIST" / "raw"
 
+    @property
+    def unpack_dir(self) -> Path:
+        """Where a .gz is unpacked when raw/ is read-only."""
+        return cache_dir() / "FashionMNIST" / "raw"
+
     def _hint(self) -> str:
+        files = ", ".join(f"{name}.gz or {name}" for name in SHA256)
         return (
-            f"Put the four official Fashion-MNIST files ({', '.join(f + '.gz' for f in SHA256)}) "
-            f"in {self.raw_dir} (or set NORMLAB_DATA / data.root to a folder holding "
+            f"Put the four official Fashion-MNIST files in {self.raw_dir}, each as downloaded "
+            f"(.gz) or unpacked: {files} (or set NORMLAB_DATA / data.root to a folder holding "
             "FashionMNIST/raw), or run once with network access to download them."
         )
 
+    def _absent(self) -> list[str]:
+        """The files found in raw/ neither unpacked nor as .gz."""
+        raw = self.raw_dir
+        return [n for n in SHA256 if not (raw / n).is_file() and not (raw / f"{n}.gz").is_file()]
+
     def prepare_data(self) -> None:
-        """Download when files are missing (and allowed); then verify every file's checksum."""
-        missing = [f for f in SHA256 if not (self.raw_dir / f).exists()]
-        if missing and self.download:
-            self._download(missing)
-        for name, expected in SHA256.items():
-            verify(self.raw_dir / name, expected, self._hint())
+        """Download when files are missing (and allowed); unpack .gz files whose unpacked file is
+        missing; verify every file's sha256 (hashed from its bytes on every call)."""
+        absent = self._absent()
+        if absent and self.download:
+            self._download(absent)
+        self._paths = self._verified()
+
+    def _verified(self) -> dict[str, Path]:
+        """name -> the unpacked file to read, each checked against SHA256 (DataError if not)."""
+        absent = self._absent()
+        if absent:
+            raise DataError(
+                f"Fashion-MNIST files missing from {self.raw_dir} (neither .gz nor unpacked): "
+                f"{', '.join(absent)}. {self._hint()}"
+            )
+        return {name: self._unpacked(name) for name in SHA256}
+
+    def _unpacked(self, name: str) -> Path:
+        plain = self.raw_dir / name
+        if plain.is_file():  # the user's file: a bad one is reported, never replaced
+            verify(plain, SHA256[name], self._hint())
+            return plain
+        gz = self.raw_dir / f"{name}.gz"
+        verify(gz, GZ_SHA256[name], self._hint())
+        try:
+            gunzip(gz, plain, SHA256[name])
+            return plain
+        except OSError:  # raw/ is read-only: unpack into the cache, re-made if it is bad
+            pass
+        cached = self.unpack_dir / name
+        try:
+            if cached.is_file():
+                verify(cached, SHA256[name], "")
+                return cached
+        except DataError:
+            pass
+        try:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            gunzip(gz, cached, SHA256[name])
+        except OSError as err:
+            raise DataError(
+                f"cannot unpack {gz}: {self.raw_dir} is read-only and {cached.parent} is not "
+                f"writable ({err.strerror or err}). Put the unpacked {name} (gunzip of {gz.name}) "
+                f"in {self.raw_dir}, or set NORMLAB_CACHE to a writable folder."
+            ) from None
+        return cached
 
     def checksum(self) -> str:
-        """sha256 over the sha256 of each of the four files (after prepare_data verified them)."""
-        lines = "".join(f"{name} {digest(self.raw_dir / name)}\n" for name in sorted(SHA256))
+        """sha256 over the sha256 of each of the four files. The files are checked first (a
+        DataError unless each is the release's), so this equals the value from SHA256."""
+        self._verified()
+        lines = "".join(f"{name} {SHA256[name]}\n" for name in sorted(SHA256))
         return hashlib.sha256(lines.encode()).hexdigest()
 
     def _download(self, missing: list[str]) -> None:
         """Download into a temp dir beside raw/, then move each file in with one rename, so a
         half-written download is never where the reader looks."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=self.root, prefix=".download-") as tmp:
-            try:
-                for train in (True, False):
-                    FashionMNIST(tmp, train=train, download=True)
-            except Exception as err:  # offline, mirror down, disk full...
-                raise DataError(
-                    f"Fashion-MNIST download into {self.raw_dir} failed ({err}). " + self._hint()
-                ) from None
-            self.raw_dir.mkdir(parents=True, exist_ok=True)
-            for name in missing:
-                os.replace(Path(tmp) / "FashionMNIST" / "raw" / name, self.raw_dir / name)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=self.root, prefix=".download-") as tmp:
+                try:
+                    for train in (True, False):
+                        FashionMNIST(tmp, train=train, download=True)
+                except Exception as err:  # offline, mirror down, disk full...
+                    raise DataError(
+                        f"Fashion-MNIST download into {self.raw_dir} failed ({err}). "
+                        + self._hint()
+                    ) from None
+                self.raw_dir.mkdir(parents=True, exist_ok=True)
+                for name in missing:
+                    os.replace(Path(tmp) / "FashionMNIST" / "raw" / name, self.raw_dir / name)
+        except OSError as err:  # root not writable
+            raise DataError(
+                f"Fashion-MNIST download into {self.raw_dir} failed ({err}). " + self._hint()
+            ) from None
 
     def _read(self, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        ds = FashionMNIST(str(self.root), train=train, download=False)
-        return ds.data, ds.targets
+        split = "train" if train else "t10k"
+        images = read_image_file(str(self._paths[f"{split}-images-idx3-ubyte"]))
+        labels = read_label_file(str(self._paths[f"{split}-labels-idx1-ubyte"]))
+        return images, labels
+
+    def test_images(self) -> torch.Tensor:
+        """The 10,000 official test images as uint8 (N, 28, 28), from the checked files."""
+        if not self._paths:
+            self.prepare_data()
+        return self._read(train=False)[0]
 
     def setup(self, stage: str | None = None) -> None:
         if self.splits:
