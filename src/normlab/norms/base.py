@@ -1,4 +1,17 @@
-"""What every normlab norm shares: the error type, argument checks, `impl` dispatch, affine."""
+"""What every normlab norm shares: the error type, argument checks, `impl` dispatch, affine.
+
+Numerics, the same for every family and impl (fast, reference, manual, the fused RMSNorm kernel
+and its pure-torch fallback):
+- statistics (mean, variance, mean of squares, the rsqrt) are computed in `stats_dtype(input)`:
+  float32 for float16/bfloat16 inputs (as torch's kernels accumulate), the input's own dtype for
+  float32/float64 (BatchNorm's manual/sync path sums in float64); the normalization itself runs
+  in that dtype too and the output is cast back to the input's dtype. Parameters and running
+  statistics keep their own dtype (float32 running statistics stay float32 under a half input).
+- eps is added to the variance (the mean of squares for RMSNorm) inside the square root:
+  y = (x - mean) / sqrt(var + eps), as torch does. It must be a finite number > 0. RMSNorm's
+  eps=None is torch.finfo(stats_dtype(input)).eps, the value torch.nn.RMSNorm's kernel uses
+  (float32's 1.19e-7 for a float16/bfloat16 input, not the input dtype's own epsilon).
+"""
 
 from __future__ import annotations
 
@@ -37,12 +50,37 @@ def check_eps(family: str, eps: float | None, allow_none: bool = False) -> float
     return float(eps)
 
 
+def stats_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a norm computes statistics in: float32 for float16/bfloat16, else `dtype`."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def kernel_affine(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    shape: tuple[int, ...],
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The weight and bias to hand torch's F.layer_norm / F.group_norm kernels for input x.
+
+    Unchanged for float32/float64 x. For a float16/bfloat16 x, a float32 weight (ones of `shape`
+    when there is none) and bias: the kernels' mixed-type form, which keeps the mean and rstd it
+    saves for backward in float32; with half or no parameters torch keeps them in half, and the
+    backward's dw and dx carry their rounding.
+    """
+    acc = stats_dtype(x.dtype)
+    if acc == x.dtype:
+        return weight, bias
+    weight = x.new_ones(shape, dtype=acc) if weight is None else weight.to(acc)
+    return weight, None if bias is None else bias.to(acc)
+
+
 def mean_var(x: torch.Tensor, dims: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     """mean = E[x] and biased var = E[x^2] - E[x]^2 over `dims` (kept as size-1 dims).
 
     Sums rather than `mean`/`var`: their backward is a broadcast view, no full-size tensor,
     and torch's CPU `var` kernel is many times slower than a sum. The clamp keeps rounding
-    from giving a variance below 0.
+    from giving a variance below 0. Pass x in `stats_dtype` (x * x overflows float16 at |x| > 256).
     """
     n = math.prod(x.shape[d] for d in dims)
     mean = x.sum(dims, keepdim=True) / n

@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from normlab.norms.base import NormConfigError, channel_view, check_positive_int
+from normlab.norms.base import NormConfigError, channel_view, check_positive_int, stats_dtype
 from normlab.norms.running import RunningStatsNorm
 
 
@@ -26,7 +26,9 @@ class BatchNormFunction(torch.autograd.Function):
     Forward all-reduces one tensor (sum, sum of squares, count) per channel; backward
     all-reduces the two sums its equations need (sum dy, sum dy * xhat). With one process
     (or torch.distributed not initialised) nothing is reduced: this is the `manual` impl.
-    Returns (y, mean, unbiased var); the statistics are for the running averages.
+    Returns (y, mean, unbiased var); the statistics are for the running averages. For a
+    float16/bfloat16 x, mean, invstd, xhat (saved for backward), the backward's sums and dx are
+    float32 (`stats_dtype`), cast to x's dtype at the end; the statistics are returned in float32.
     """
 
     @staticmethod
@@ -48,17 +50,18 @@ class BatchNormFunction(torch.autograd.Function):
             )
         mean64 = stats[:c] / n
         var64 = (stats[c : 2 * c] / n - mean64 * mean64).clamp_min(0.0)  # biased
-        mean = mean64.to(x.dtype)
-        invstd = torch.rsqrt(var64 + eps).to(x.dtype)
-        xhat = (x - channel_view(mean, x.dim())) * channel_view(invstd, x.dim())
+        acc = stats_dtype(x.dtype)
+        mean = mean64.to(acc)
+        invstd = torch.rsqrt(var64 + eps).to(acc)
+        xhat = (x - channel_view(mean, x.dim())) * channel_view(invstd, x.dim())  # acc dtype
         y = xhat
         if weight is not None:
             y = xhat * channel_view(weight, x.dim()) + channel_view(bias, x.dim())
         ctx.save_for_backward(xhat, invstd, weight)
         ctx.n = n
-        var_unbiased = (var64 * (n / (n - 1))).to(x.dtype)
+        var_unbiased = (var64 * (n / (n - 1))).to(acc)
         ctx.mark_non_differentiable(mean, var_unbiased)
-        return y, mean, var_unbiased
+        return y.to(x.dtype), mean, var_unbiased
 
     @staticmethod
     @once_differentiable
@@ -66,7 +69,8 @@ class BatchNormFunction(torch.autograd.Function):
         xhat, invstd, weight = ctx.saved_tensors
         n, ndim, c = ctx.n, dy.dim(), dy.shape[1]
         dims = (0, *range(2, ndim))
-        sums = torch.cat([dy.sum(dims), (dy * xhat).sum(dims)])
+        acc = xhat.dtype  # float32 for a half input: sums and dx in float32
+        sums = torch.cat([dy.sum(dims, dtype=acc), (dy * xhat).sum(dims)])
         dbeta, dgamma = sums[:c].clone(), sums[c:].clone()  # this process's share, as DDP expects
         if _world_size() > 1:
             dist.all_reduce(sums)
@@ -84,12 +88,12 @@ class BatchNormFunction(torch.autograd.Function):
                 dy * channel_view(gamma * invstd, ndim)
                 + xhat * channel_view(dvar * 2.0 / (n * invstd), ndim)
                 + channel_view(dmean / n, ndim)
-            )
+            ).to(dy.dtype)
         has_affine = weight is not None
         return (
             dx,
-            dgamma if has_affine and ctx.needs_input_grad[1] else None,
-            dbeta if has_affine and ctx.needs_input_grad[2] else None,
+            dgamma.to(weight.dtype) if has_affine and ctx.needs_input_grad[1] else None,
+            dbeta.to(weight.dtype) if has_affine and ctx.needs_input_grad[2] else None,
             None,
         )
 
@@ -197,12 +201,11 @@ class BatchNorm(RunningStatsNorm):
 
     def _fast(self, x: torch.Tensor, factor: float) -> torch.Tensor:
         track = not self.training or self.track_running_stats
-        return F.batch_norm(
+        return self._kernel(
+            F.batch_norm,
             x,
             self.running_mean if track else None,
             self.running_var if track else None,
-            self.weight,
-            self.bias,
             self._use_batch_stats(),
             factor,
             self.eps,

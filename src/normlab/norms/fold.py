@@ -8,6 +8,7 @@ import torch
 import torch.fx
 from torch import nn
 
+from normlab.norms.base import stats_dtype
 from normlab.norms.batchnorm import BatchNorm
 
 _FOLDABLE_INTO = (nn.Conv1d, nn.Conv2d, nn.Linear)
@@ -66,15 +67,20 @@ def _foldable(layer: nn.Module, bn: nn.Module) -> bool:
 
 @torch.no_grad()
 def _fold_into(layer: nn.Module, bn: nn.Module) -> None:
-    """W' = W * gamma / sqrt(var + eps) per output channel, b' = (b - mean) * that + beta."""
-    scale = torch.rsqrt(bn.running_var + bn.eps)
-    shift = -bn.running_mean * scale
+    """W' = W * gamma / sqrt(var + eps) per output channel, b' = (b - mean) * that + beta.
+
+    Computed in float32 for a half model (`stats_dtype`; var + eps and the rsqrt would round in
+    float16), then stored in the layer's dtype.
+    """
+    acc = stats_dtype(bn.running_var.dtype)
+    scale = torch.rsqrt(bn.running_var.to(acc) + bn.eps)
+    shift = -bn.running_mean.to(acc) * scale
     if bn.weight is not None:
         scale = scale * bn.weight
         shift = shift * bn.weight + bn.bias
     bias = layer.bias if layer.bias is not None else torch.zeros_like(scale)
     layer.weight.mul_(scale.view(-1, *([1] * (layer.weight.dim() - 1))))
-    layer.bias = nn.Parameter(bias * scale + shift)
+    layer.bias = nn.Parameter((bias * scale + shift).to(layer.weight.dtype))
 
 
 def fold_batchnorm(model: nn.Module) -> nn.Module:

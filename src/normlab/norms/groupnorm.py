@@ -5,7 +5,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from normlab.norms.base import Norm, NormConfigError, check_eps, check_positive_int
+from normlab.norms.base import (
+    Norm,
+    NormConfigError,
+    check_eps,
+    check_positive_int,
+    kernel_affine,
+)
 from normlab.norms.standardize import GroupStandardize
 
 
@@ -44,7 +50,8 @@ class GroupNorm(Norm):
         self._check_channels(x, self.num_features)
 
     def _fast(self, x: torch.Tensor) -> torch.Tensor:
-        return F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
+        weight, bias = kernel_affine(x, self.weight, self.bias, (self.num_features,))
+        return F.group_norm(x, self.num_groups, weight, bias, self.eps)
 
     def _reference(self, x: torch.Tensor) -> torch.Tensor:
         # y = (x - mean) / sqrt(var + eps) * weight + bias with mean and var over each group's

@@ -37,12 +37,11 @@ class InstanceNorm(RunningStatsNorm):
         return tuple(range(2, x.dim()))
 
     def _fast(self, x: torch.Tensor, factor: float) -> torch.Tensor:
-        return F.instance_norm(
+        return self._kernel(
+            F.instance_norm,
             x,
             self.running_mean,
             self.running_var,
-            self.weight,
-            self.bias,
             self._use_batch_stats(),
             factor,
             self.eps,

@@ -8,7 +8,13 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from normlab.norms.base import Norm, NormConfigError, check_eps, check_positive_int
+from normlab.norms.base import (
+    Norm,
+    NormConfigError,
+    check_eps,
+    check_positive_int,
+    kernel_affine,
+)
 from normlab.norms.standardize import GroupStandardize, RowStandardize
 
 
@@ -69,9 +75,10 @@ class LayerNorm(Norm):
             self._check_trailing(x, self.normalized_shape)
 
     def _fast(self, x: torch.Tensor) -> torch.Tensor:
+        weight, bias = kernel_affine(x, self.weight, self.bias, self.normalized_shape)
         if self.channel_dim == 1:  # over (C, *spatial): GroupNorm with one group
-            return F.group_norm(x, 1, self.weight, self.bias, self.eps)
-        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+            return F.group_norm(x, 1, weight, bias, self.eps)
+        return F.layer_norm(x, self.normalized_shape, weight, bias, self.eps)
 
     def _reference(self, x: torch.Tensor) -> torch.Tensor:
         # y = (x - mean) / sqrt(var + eps) * weight + bias, the gradient written out (standardize)

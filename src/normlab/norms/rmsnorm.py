@@ -10,7 +10,7 @@ from torch.autograd.function import once_differentiable
 
 from normlab.norms import _fused_rms
 from normlab.norms._fused_rms import FusedRMSNormFunction
-from normlab.norms.base import Norm, NormConfigError, channel_view, check_eps
+from normlab.norms.base import Norm, NormConfigError, channel_view, check_eps, stats_dtype
 from normlab.norms.layernorm import trailing_shape
 
 
@@ -24,21 +24,29 @@ def _full_rms_backward(
     """(dx, dw) when the rms uses every feature, on LayerNorm's fused backward kernel.
 
     With mean 0 and rstd = 1 / rms, LayerNorm's backward is RMSNorm's except for its
-    centring term -inv_rms * mean(dy * w), which is added back.
+    centring term -inv_rms * mean(dy * w), which is added back. For a half x the kernel
+    accumulates in float32 and takes the float32 inv_rms only in its mixed-type form, with a
+    float32 weight (ones when there is none); the centring sum is float32 too.
     """
     need_x, need_w = needs_grad[0], weight is not None and needs_grad[1]
+    acc = inv_rms.dtype
+    w = weight
+    if x.dtype != acc:
+        w = weight.to(acc) if weight is not None else x.new_ones(x.shape[1], dtype=acc)
     dx, dw, _ = torch.ops.aten.native_layer_norm_backward(
         dy,
         x,
         [x.shape[1]],
         torch.zeros_like(inv_rms),
         inv_rms,
-        weight,
+        w,
         None,
         [need_x, need_w, False],
     )
-    if need_x:
-        mean_dyw = torch.mv(dy, weight) if weight is not None else dy.sum(1)  # (R,)
+    if need_w:
+        dw = dw.to(weight.dtype)
+    if need_x:  # a sum over D in float32: in half it rounds, and overflows under loss scaling
+        mean_dyw = dy.sum(1, dtype=acc) if weight is None else torch.mv(dy.to(acc), w.to(acc))
         dx.add_(mean_dyw.view(-1, 1).mul_(inv_rms).div_(x.shape[1]))
     return dx, dw
 
@@ -48,18 +56,22 @@ class RMSNormFunction(torch.autograd.Function):
 
     rms = sqrt(mean(x[:, :k]^2) + eps). Written for CPU memory traffic: no x^2 intermediate
     (the norm comes from `vector_norm`), one full-size allocation in forward and in backward.
+    A float16/bfloat16 x: inv_rms in float32 (`stats_dtype`; the squared norm of a half row
+    overflows past 65504, e.g. D=4096 at std 4), y = x * inv_rms * w in float32 cast back once,
+    and the partial-rms backward on float32 copies of dy and x.
     """
 
     @staticmethod
     def forward(ctx, x, weight, eps, k):
-        sq_norm = torch.linalg.vector_norm(x[:, :k], dim=1, keepdim=True).square_()  # (R, 1)
-        inv_rms = sq_norm.div_(k).add_(eps).rsqrt_()
-        y = torch.mul(x, inv_rms)
+        acc = stats_dtype(x.dtype)
+        sq_norm = torch.linalg.vector_norm(x[:, :k], dim=1, keepdim=True, dtype=acc).square_()
+        inv_rms = sq_norm.div_(k).add_(eps).rsqrt_()  # (R, 1)
+        y = torch.mul(x, inv_rms)  # in acc: a float32 tensor for a half x
         if weight is not None:
             y.mul_(weight)
         ctx.save_for_backward(x, weight, inv_rms)
         ctx.k = k
-        return y
+        return y.to(x.dtype)
 
     @staticmethod
     @once_differentiable
@@ -67,13 +79,18 @@ class RMSNormFunction(torch.autograd.Function):
         x, weight, inv_rms = ctx.saved_tensors
         k = ctx.k
         if k == x.shape[1]:
-            return (*_full_rms_backward(dy, x, weight, inv_rms, ctx.needs_input_grad), None, None)
+            dx, dw = _full_rms_backward(dy, x, weight, inv_rms, ctx.needs_input_grad)
+            return dx, dw, None, None
+        x_dtype, w_dtype = x.dtype, None if weight is None else weight.dtype
+        if x.dtype != inv_rms.dtype:  # half: sums and products in float32, copies of dy and x
+            dy, x = dy.to(inv_rms.dtype), x.to(inv_rms.dtype)
+            weight = None if weight is None else weight.to(inv_rms.dtype)
         # with xhat = x * inv_rms:  dw = sum over rows of dy * xhat
         #   dx = inv_rms * (dy * w - x[:, :k] * inv_rms * sum(dy * w * xhat) / k)
         # (the second term only where x entered the rms). Plain reductions are cheaper here
         # than matrix-vector products, and `buf` is the one full-size allocation, reused for dx.
         buf = torch.mul(dy, x).mul_(inv_rms)  # dy * xhat
-        dw = buf.sum(0) if weight is not None and ctx.needs_input_grad[1] else None
+        dw = buf.sum(0).to(w_dtype) if weight is not None and ctx.needs_input_grad[1] else None
         if not ctx.needs_input_grad[0]:
             return None, dw, None, None
         if weight is not None:
@@ -82,13 +99,16 @@ class RMSNormFunction(torch.autograd.Function):
         dx = torch.mul(dy, weight, out=buf) if weight is not None else buf.copy_(dy)
         dx[:, :k].addcmul_(x[:, :k], coef)
         dx.mul_(inv_rms)
-        return dx, dw, None, None
+        return dx.to(x_dtype), dw, None, None
 
 
 class RMSNorm(Norm):
     """RMSNorm over the trailing dims `normalized_shape` of (..., *normalized_shape).
 
-    eps=None means torch.finfo(input dtype).eps, as torch.nn.RMSNorm.
+    eps=None means the machine epsilon of the dtype the statistics are computed in,
+    torch.finfo(stats_dtype(input)).eps: float32's for float16/bfloat16 inputs. That is what
+    torch.nn.RMSNorm's kernel does (its docs say the input dtype's, 9.8e-4 for float16, which
+    would be 8000x float32's; normlab used that before, and disagreed with torch in half).
     """
 
     family = "rmsnorm"
@@ -117,7 +137,7 @@ class RMSNorm(Norm):
         )
 
     def _eps(self, x: torch.Tensor) -> float:
-        return torch.finfo(x.dtype).eps if self.eps is None else self.eps
+        return torch.finfo(stats_dtype(x.dtype)).eps if self.eps is None else self.eps
 
     def set_channel_dim(self, channel_dim: int) -> Norm:
         if channel_dim == 1 and len(self.normalized_shape) != 1:
@@ -151,11 +171,12 @@ class RMSNorm(Norm):
 
     def _reference(self, x: torch.Tensor) -> torch.Tensor:
         rows, _, k = self._rows(x)  # the rms of each row's first k entries
+        rows = rows.to(stats_dtype(x.dtype))  # a float32 copy of a half input, else no copy
         rms = torch.sqrt(rows[:, :k].pow(2).mean(-1, keepdim=True) + self._eps(x))
         y = (rows / rms).view(x.shape)
         if self.weight is not None:
             y = y * (channel_view(self.weight, x.dim()) if self.channel_dim == 1 else self.weight)
-        return y
+        return y.to(x.dtype)
 
 
 class PRMSNorm(RMSNorm):

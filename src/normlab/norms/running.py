@@ -14,6 +14,7 @@ from normlab.norms.base import (
     check_positive_int,
     mean_var,
     scale_shift,
+    stats_dtype,
 )
 
 
@@ -128,28 +129,68 @@ class RunningStatsNorm(Norm):
     def _fast(self, x: torch.Tensor, factor: float) -> torch.Tensor:
         raise NotImplementedError
 
+    def _kernel(
+        self,
+        fn,
+        x: torch.Tensor,
+        running_mean: torch.Tensor | None,
+        running_var: torch.Tensor | None,
+        *args: object,
+    ) -> torch.Tensor:
+        """fn(x, running_mean, running_var, weight, bias, *args) for torch's F.batch_norm or
+        F.instance_norm.
+
+        A float16/bfloat16 x is passed in the kernels' mixed-type form, float32 weight, bias
+        and running statistics (ones and zeros when there is no affine; float32 copies of half
+        running statistics, copied back after the update): that form keeps the batch mean and
+        invstd in float32, while with half or no parameters torch rounds them to half (at
+        mean / std = 20, ~6 float16 ulps of every output).
+        """
+        if stats_dtype(x.dtype) == x.dtype:
+            return fn(x, running_mean, running_var, self.weight, self.bias, *args)
+        acc = stats_dtype(x.dtype)
+        shape = (self.num_features,)
+        weight = x.new_ones(shape, dtype=acc) if self.weight is None else self.weight.to(acc)
+        bias = x.new_zeros(shape, dtype=acc) if self.bias is None else self.bias.to(acc)
+        mean = None if running_mean is None else running_mean.to(acc)
+        var = None if running_var is None else running_var.to(acc)
+        y = fn(x, mean, var, weight, bias, *args)
+        if mean is not running_mean and self._updates_running_stats():  # half: store the update
+            with torch.no_grad():
+                running_mean.copy_(mean)
+                running_var.copy_(var)
+        return y
+
     def _normalize(self, x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
         """y = (x - mean) / sqrt(var + eps) * weight + bias, weight and bias per channel.
 
         Written as y = x * scale + shift with scale = weight / sqrt(var + eps) and
-        shift = bias - mean * scale, both computed on the per-channel statistics.
+        shift = bias - mean * scale, both computed on the per-channel statistics in
+        `stats_dtype(x)` (float32 for a half input, whatever the running statistics' dtype);
+        the result is in x's dtype.
         """
-        scale = torch.rsqrt(var + self.eps)
+        acc = stats_dtype(x.dtype)
+        scale = torch.rsqrt(var.to(acc) + self.eps)
         if self.weight is not None:
             scale = scale * channel_view(self.weight, x.dim())
-        shift = -mean * scale
+        shift = -mean.to(acc) * scale
         if self.bias is not None:
             shift = shift + channel_view(self.bias, x.dim())
-        return scale_shift(x, scale, shift)
+        return scale_shift(x, scale, shift).to(x.dtype)
 
     def _normalize_with_batch_stats(
         self, x: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Reference path: return (y, mean, unbiased var), statistics over `_reduce_dims`."""
+        """Reference path: return (y, mean, unbiased var), statistics over `_reduce_dims`.
+
+        A float16/bfloat16 x is normalised as a float32 copy (no copy for float32/float64):
+        x * x and the sums would overflow or cancel in half precision.
+        """
         dims = self._reduce_dims(x)
         n = math.prod(x.shape[d] for d in dims)
-        mean, var = mean_var(x, dims)  # biased var: the one that normalises
-        return self._normalize(x, mean, var), mean, var * (n / (n - 1))
+        xs = x.to(stats_dtype(x.dtype))
+        mean, var = mean_var(xs, dims)  # biased var: the one that normalises
+        return self._normalize(xs, mean, var).to(x.dtype), mean, var * (n / (n - 1))
 
     @torch.no_grad()
     def _update_running_stats(

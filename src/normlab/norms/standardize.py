@@ -14,6 +14,12 @@ out, the backward makes one (gy * x, which then holds dL/dx) besides the output,
 kernels do. Forward and backward are checked with torch.autograd.gradcheck in float64 and
 against torch.nn (tests/test_norms_properties.py, tests/test_norms_vs_torch.py).
 
+Precision: statistics are float32 for a float16/bfloat16 x (`stats_dtype`), and so is the
+normalization x * scale + shift (with x ~ 100 and std ~ 5, scale and shift rounded to float16 would
+cost ~1e-2 of the output) and the backward (on float32 copies of x and gy); outputs and gradients
+are cast back to the dtype of x and of the parameters. float32 and float64 inputs take the
+same ops as before, with no extra full-size tensor.
+
 Two layouts, by where the affine sits relative to the statistics:
 - GroupStandardize: x viewed as (N, G, K, S), statistics per (n, g) over (K, S), affine per
   channel (g, k): GroupNorm, and LayerNorm over (C, *spatial) (G = 1).
@@ -28,6 +34,8 @@ import math
 import torch
 from torch.autograd.function import once_differentiable
 
+from normlab.norms.base import stats_dtype
+
 
 def _stats(x: torch.Tensor, dims: tuple[int, ...], eps: float) -> tuple[torch.Tensor, ...]:
     """mean and rstd = 1 / sqrt(E[x^2] - E[x]^2 + eps) over `dims`, kept as size-1 dims.
@@ -36,12 +44,28 @@ def _stats(x: torch.Tensor, dims: tuple[int, ...], eps: float) -> tuple[torch.Te
     (as torch's kernels accumulate half and bfloat16); the clamp keeps rounding from giving a
     variance below 0.
     """
-    acc = torch.promote_types(x.dtype, torch.float32)
+    acc = stats_dtype(x.dtype)
     m = math.prod(x.shape[d] for d in dims)
     mean = x.sum(dims, keepdim=True, dtype=acc).div_(m)
     sq = torch.linalg.vector_norm(x, 2, dims, keepdim=True, dtype=acc).square_().div_(m)
     var = sq.sub_(mean * mean).clamp_min_(0.0)
     return mean, var.add_(eps).rsqrt_()
+
+
+def _scale_shift(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """x * scale + shift with small broadcast scale/shift in the statistics dtype.
+
+    In one pass when x has that dtype; a half x is computed as a float32 copy (the result in
+    float32; the caller casts back), so that scale and shift are not rounded to half.
+    """
+    if x.dtype == scale.dtype:
+        return torch.addcmul(shift, x, scale)
+    return x.to(scale.dtype).mul_(scale).add_(shift)
+
+
+def _upcast_saved(gy: torch.Tensor, x: torch.Tensor, acc: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """gy and x in the statistics dtype `acc` for the backward: copies only for a half input."""
+    return gy.to(acc), x.to(acc)
 
 
 def _input_grad_terms(
@@ -71,21 +95,25 @@ class GroupStandardize(torch.autograd.Function):
         if bias is not None:
             shift = shift.add_(bias.view(1, g, k, 1))
         ctx.save_for_backward(x, w, mean, rstd)
-        return torch.addcmul(shift.to(x.dtype), x, scale.to(x.dtype))
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return _scale_shift(x, scale.to(rstd.dtype), shift.to(rstd.dtype)).to(x.dtype)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, gy):
         x, w, mean, rstd = ctx.saved_tensors
+        x_dtype, w_dtype = x.dtype, None if w is None else w.dtype
+        gy, x = _upcast_saved(gy, x, rstd.dtype)
+        w = None if w is None else w.to(rstd.dtype)
         _, _, k, s = x.shape
         gx = gy * x  # its buffer is reused for dL/dx below
         g1 = gy.sum(3, keepdim=True, dtype=rstd.dtype)  # per (n, channel): sum gy, sum gy * x
         g2 = gx.sum(3, keepdim=True, dtype=rstd.dtype)
         grad_w = grad_b = None
         if ctx.needs_input_grad[1]:  # sum over n of (sum gy * xhat)
-            grad_w = (g2 - mean * g1).mul_(rstd).sum(0).flatten().to(w.dtype)
+            grad_w = (g2 - mean * g1).mul_(rstd).sum(0).flatten().to(w_dtype)
         if ctx.needs_input_grad[2]:
-            grad_b = g1.sum(0).flatten().to(x.dtype)
+            grad_b = g1.sum(0).flatten().to(ctx.bias_dtype)
         if w is not None:
             g1, g2 = g1 * w, g2 * w
         a = g1.sum(2, keepdim=True)  # A = sum gy * w;  B = sum gy * w * xhat
@@ -95,7 +123,7 @@ class GroupStandardize(torch.autograd.Function):
         scale = rstd if w is None else rstd * w
         grad_x = torch.addcmul((rstd * c1).to(x.dtype), x, (rstd * c2).to(x.dtype), out=gx)
         grad_x = grad_x.addcmul_(gy, scale.to(x.dtype))
-        return grad_x, grad_w, grad_b, None
+        return grad_x.to(x_dtype), grad_w, grad_b, None
 
 
 class RowStandardize(torch.autograd.Function):
@@ -104,7 +132,7 @@ class RowStandardize(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
         mean, rstd = _stats(x, (1,), eps)  # (R, 1)
-        y = torch.addcmul((-mean * rstd).to(x.dtype), x, rstd.to(x.dtype))  # xhat
+        y = _scale_shift(x, rstd, -mean * rstd)  # xhat, in rstd's dtype
         if weight is not None and bias is not None:
             torch.addcmul(bias, y, weight, out=y)  # in place: xhat is not kept
         elif weight is not None:
@@ -112,12 +140,16 @@ class RowStandardize(torch.autograd.Function):
         elif bias is not None:
             y.add_(bias)
         ctx.save_for_backward(x, weight, mean, rstd)
-        return y
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return y.to(x.dtype)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, gy):
         x, w, mean, rstd = ctx.saved_tensors
+        x_dtype, w_dtype = x.dtype, None if w is None else w.dtype
+        gy, x = _upcast_saved(gy, x, rstd.dtype)
+        w = None if w is None else w.to(rstd.dtype)
         gx = gy * x  # its buffer is reused for dL/dx below
         # per-row sums of gy * w and gy * w * x as matrix-vector products: reads, no temporaries
         a = (gy.sum(1) if w is None else torch.mv(gy, w)).unsqueeze(1).to(rstd.dtype)
@@ -126,11 +158,11 @@ class RowStandardize(torch.autograd.Function):
         grad_w = grad_b = None
         if ctx.needs_input_grad[1]:  # sum over rows of gy * (x - mean) * rstd
             r, mr = rstd.squeeze(1).to(x.dtype), (mean * rstd).squeeze(1).to(x.dtype)
-            grad_w = torch.mv(gx.t(), r) - torch.mv(gy.t(), mr)
+            grad_w = (torch.mv(gx.t(), r) - torch.mv(gy.t(), mr)).to(w_dtype)
         if ctx.needs_input_grad[2]:
-            grad_b = gy.sum(0)
+            grad_b = gy.sum(0).to(ctx.bias_dtype)
         c1, c2 = _input_grad_terms(a, b_sum, mean, rstd, x.shape[1])
         # rstd * (gy * w + c1 + c2 * x): one buffer, three passes
         grad_x = torch.addcmul(c1.to(x.dtype), x, c2.to(x.dtype), out=gx)
         grad_x = grad_x.add_(gy) if w is None else grad_x.addcmul_(gy, w)
-        return grad_x.mul_(rstd.to(x.dtype)), grad_w, grad_b, None
+        return grad_x.mul_(rstd.to(x.dtype)).to(x_dtype), grad_w, grad_b, None
