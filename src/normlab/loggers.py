@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import itertools
 import netrc
 import os
 import secrets
@@ -47,10 +48,14 @@ def wandb_has_credentials() -> bool:
 
 
 class _ResumedWriter(ExperimentWriter):
-    """Keeps an existing metrics.csv up to the resumed step instead of deleting it."""
+    """Keeps the rows of an existing metrics.csv logged before the resumed checkpoint (its
+    first `keep_rows` rows, or without that count the rows of steps before `keep_until_step`)
+    instead of deleting the file."""
 
-    def __init__(self, log_dir: str, keep_until_step: int):
+    def __init__(self, log_dir: str, keep_until_step: int, keep_rows: int | None = None):
         self.keep_until_step = keep_until_step
+        self.keep_rows = keep_rows
+        self.kept = 0
         super().__init__(log_dir)
 
     def _check_log_dir_exists(self) -> None:
@@ -60,31 +65,51 @@ class _ResumedWriter(ExperimentWriter):
         with open(path, newline="") as f:
             reader = csv.DictReader(f)
             header = list(reader.fieldnames or [])
-            rows = [r for r in reader if int(float(r["step"])) < self.keep_until_step]
+            if self.keep_rows is not None:
+                rows = list(itertools.islice(reader, self.keep_rows))
+            else:
+                rows = [r for r in reader if int(float(r["step"])) < self.keep_until_step]
         with open(path, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=header)
             writer.writeheader()
             writer.writerows(rows)
         self.metrics_keys = header
+        self.kept = len(rows)
 
 
 class ResumableCSVLogger(CSVLogger):
     """CSVLogger that, for a resumed run, appends to the run's metrics.csv.
 
-    Rows logged after the checkpoint being resumed (step >= resume_step) are dropped first:
-    the resumed run logs those steps again.
+    Rows logged after the checkpoint being resumed are dropped first: the resumed run logs
+    them again. They are the rows after the first `resume_rows` (`rows`, the rows logged so
+    far, as LastCheckpoint stored it in the checkpoint), or without that count the rows of
+    steps >= `resume_step`.
     """
 
-    def __init__(self, *args: Any, resume_step: int | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        *args: Any,
+        resume_step: int | None = None,
+        resume_rows: int | None = None,
+        **kwargs: Any,
+    ):
         super().__init__(*args, **kwargs)
         self.resume_step = resume_step
+        self.resume_rows = resume_rows
+        self.rows = 0
 
     @property
     def experiment(self) -> ExperimentWriter:
         if self._experiment is None and self.resume_step is not None:
             self._fs.makedirs(self.root_dir, exist_ok=True)
-            self._experiment = _ResumedWriter(self.log_dir, self.resume_step)
+            writer = _ResumedWriter(self.log_dir, self.resume_step, self.resume_rows)
+            self._experiment, self.rows = writer, writer.kept
         return super().experiment
+
+    @rank_zero_only
+    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        super().log_metrics(metrics, step)  # one row
+        self.rows += 1
 
 
 # every task's metrics: classification val/test loss and acc, the LM's val/bpc, the DiT's FID-like

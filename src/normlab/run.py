@@ -71,17 +71,16 @@ def build_callbacks(cfg: DictConfig, task: pl.LightningModule) -> list[pl.Callba
     return callbacks
 
 
-def build_loggers(cfg: DictConfig, resume_step: int | None) -> list[pl.loggers.Logger]:
+def build_loggers(cfg: DictConfig, resume: dict[str, int | None]) -> list[pl.loggers.Logger]:
+    """The trackers; `resume` (resume_point) tells the CSV log where a resumed run continues."""
     built = []
     for name, lg_cfg in (cfg.get("logger") or {}).items():
         if lg_cfg is None:
             continue
-        extra = {"resume_step": resume_step} if name == "csv" else {}
+        extra = resume if name == "csv" else {}
         built.append(instantiate(lg_cfg, **extra))
     if not any(isinstance(lg, pl.loggers.CSVLogger) for lg in built):
-        built.insert(
-            0, loggers.ResumableCSVLogger(_run_dir(cfg), "csv", "", resume_step=resume_step)
-        )
+        built.insert(0, loggers.ResumableCSVLogger(_run_dir(cfg), "csv", "", **resume))
     return built
 
 
@@ -98,11 +97,14 @@ def build_trainer(
     )
 
 
-def checkpoint_step(path: str | None) -> int | None:
-    """The global step a checkpoint was saved at (None without a checkpoint)."""
+def resume_point(path: str | None) -> dict[str, int | None]:
+    """{} without a checkpoint; else the global step it was saved at and the rows of the CSV
+    log before it (None in a checkpoint that did not count them)."""
     if path is None:
-        return None
-    return int(torch.load(path, map_location="cpu", weights_only=False)["global_step"])
+        return {}
+    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    rows = checkpoint.get("csv_rows")
+    return {"resume_step": int(checkpoint["global_step"]), "resume_rows": rows}
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
@@ -129,7 +131,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     ckpt = resolve_ckpt(cfg)
     callbacks = build_callbacks(cfg, task)
-    trackers = build_loggers(cfg, checkpoint_step(ckpt))
+    trackers = build_loggers(cfg, resume_point(ckpt))
     trainer = build_trainer(cfg, callbacks, trackers)
     hparams = OmegaConf.to_container(cfg, resolve=True)
     hparams["seed"] = seed

@@ -12,6 +12,8 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Checkpoint
 
+from normlab.loggers import ResumableCSVLogger
+
 
 class LastCheckpoint(Checkpoint):
     """Write <dirpath>/last.ckpt every `every_n_train_steps` steps, after validation and at the end.
@@ -21,28 +23,52 @@ class LastCheckpoint(Checkpoint):
     so a resumed run draws the same random numbers as an uninterrupted one. Being a
     `Checkpoint`, it runs after the other callbacks of a step; it flushes the trackers' buffers
     before saving, so the logs on disk reach at least the checkpoint's step.
+
+    A step-interval save that falls on an epoch's last batch waits for the end of the epoch: it
+    is made after the epoch's validation (same step), or at the next step when no validation
+    follows. Lightning resumes a checkpoint of an epoch's last batch as a finished epoch, so the
+    epoch's validation, end-of-epoch hooks and epoch metrics would never happen.
+
+    A checkpoint saved after validation or at the end of training also tells how many rows the
+    CSV log had (`csv_rows`): a run resumed from it keeps those and logs everything after them
+    again, such as the epoch's metrics, which Lightning logs after the validation at the step
+    before. After a batch, Lightning logs that batch's metrics, which a resumed run does not
+    log again: there the CSV log keeps the rows of the steps before the checkpoint's.
     """
 
     def __init__(self, dirpath: str, every_n_train_steps: int = 100):
         self.dirpath = Path(dirpath)
         self.every_n_train_steps = every_n_train_steps
+        self._pending = False  # a step-interval save waits for the end of the epoch
+        self._csv_rows: int | None = None  # what the save under way stores as csv_rows
 
-    def save(self, trainer: pl.Trainer) -> None:
+    def save(self, trainer: pl.Trainer, after_batch: bool = False) -> None:
         if trainer.sanity_checking:
             return
+        self._pending = False
         for logger in trainer.loggers:
             logger.save()
+        csv_logs = [lg for lg in trainer.loggers if isinstance(lg, ResumableCSVLogger)]
+        self._csv_rows = csv_logs[0].rows if csv_logs and not after_batch else None
         path = self.dirpath / "last.ckpt"
         tmp = self.dirpath / ".last.ckpt.tmp"
-        trainer.save_checkpoint(tmp, weights_only=False)  # full state, said explicitly
+        try:
+            trainer.save_checkpoint(tmp, weights_only=False)  # full state, said explicitly
+        finally:
+            self._csv_rows = None
         if trainer.is_global_zero:
             os.replace(tmp, path)
         trainer.strategy.barrier("last_checkpoint")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         n = self.every_n_train_steps
-        if n > 0 and trainer.global_step % n == 0 and not trainer.should_stop:
-            self.save(trainer)
+        due = self._pending or (n > 0 and trainer.global_step % n == 0)
+        if not due or trainer.should_stop:
+            return
+        if batch_idx + 1 >= trainer.num_training_batches:  # the epoch's last batch
+            self._pending = True
+        else:
+            self.save(trainer, after_batch=True)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.state.fn == "fit":
@@ -50,6 +76,12 @@ class LastCheckpoint(Checkpoint):
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.save(trainer)
+
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        if self._csv_rows is not None:  # not in other callbacks' checkpoints (best.ckpt)
+            checkpoint["csv_rows"] = self._csv_rows
 
     def state_dict(self) -> dict[str, Any]:
         return {

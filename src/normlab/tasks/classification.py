@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -57,14 +58,17 @@ class ClassificationTask(Task):
     def _log_epoch(self, split: str) -> None:
         """Log the epoch's mean loss and accuracy of `split` (synced over processes) and reset."""
         acc, mean_loss = self.accuracy[split], self.mean_loss[split]
-        if not acc.update_called:  # no batches this epoch
-            return
+        if not mean_loss.weight:  # no batches this epoch (the state, unlike update_called,
+            return  # survives a checkpoint taken at the epoch's end, after validation)
         name = "train" if split == "fit" else split
         # compute() has gathered the states of all processes already, so every rank holds the
         # same value; sync_dist=True averages equal values and tells Lightning it is synced
         key = "train/loss_epoch" if split == "fit" else f"{name}/loss"
-        self.log(key, mean_loss.compute(), sync_dist=True)
-        self.log(f"{name}/acc", acc.compute(), prog_bar=True, sync_dist=True)
+        with warnings.catch_warnings():  # states loaded from a checkpoint, no update() since
+            warnings.filterwarnings("ignore", "The ``compute`` method", UserWarning)
+            loss, accuracy = mean_loss.compute(), acc.compute()
+        self.log(key, loss, sync_dist=True)
+        self.log(f"{name}/acc", accuracy, prog_bar=True, sync_dist=True)
         acc.reset()
         mean_loss.reset()
 
