@@ -11,3 +11,8 @@ class ConfigError(UserError):
 
 class DataError(UserError):
     """Missing, truncated or corrupted data files."""
+
+
+class RunDirError(UserError):
+    """A run dir this run cannot use: in use by another run, holding another config's run, or
+    not writable."""

@@ -12,10 +12,29 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from normlab import rundir
+from normlab.errors import RunDirError
 from normlab.summary import atomic_write
 
 OUTCOMES_ENV = "NORMLAB_SWEEP_OUTCOMES"  # the folder a multirun's jobs leave their status in
 EXIT_JOBS_FAILED = 3  # a multirun ran every job, and some failed or diverged
+
+
+class RunDirGuard(Callback):
+    """A single run locks its run dir and keeps what Hydra is about to overwrite there, before
+    Hydra writes (normlab.rundir). A dir in use fails at once, with nothing written; ranks other
+    than 0 share rank 0's dir and hold nothing."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if rundir.other_rank():
+            return
+        try:
+            rundir.guard(Path(str(config.hydra.run.dir)).absolute(), config.hydra.output_subdir)
+        except RunDirError as err:  # Hydra turns a callback's exception into a warning
+            raise SystemExit(f"error: {err}") from None
+
+    def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
+        rundir.release()
 
 
 class CreateSweepDir(Callback):

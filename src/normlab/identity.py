@@ -20,7 +20,7 @@ SRC = Path(normlab.__file__).resolve().parent
 NOT_TRAINING_CODE = ("analysis",)
 # Keys that say where a job writes or reads, how it was started or what it shows while it
 # runs, not what it computes.
-NOT_IDENTITY = ("paths", "ckpt_path", "progress")
+NOT_IDENTITY = ("paths", "ckpt_path", "overwrite", "progress")
 
 
 def _digest(text: str | bytes) -> str:

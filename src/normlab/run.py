@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
+import re
 import time
 import traceback
 from pathlib import Path
@@ -17,15 +19,20 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from normlab import config, console, identity, loggers, summary
+from normlab import config, console, identity, loggers, rundir, summary
 from normlab.callbacks.progress import EpochProgress
 from normlab.compute import keep_heap
-from normlab.errors import ConfigError, UserError
+from normlab.errors import ConfigError, RunDirError, UserError
 from normlab.hydra_callbacks import record_outcome
 from normlab.preflight import preflight
 
 log = logging.getLogger(__name__)
 SUMMARY_GROUPS = ("train", "val", "test", "diverged")  # metric prefixes a run's result keeps
+CONFIG_KEY = "normlab_config"  # a checkpoint's entry holding the resolved config that saved it
+MODEL_KEYS = ("model", "norm", "placement", "optim")  # what builds the task a checkpoint holds
+SHOWN_DIFFERENCES = 4  # differing keys an error names
+_ABSENT = object()
+_ALIAS = re.compile(r"\$\{[\w.]+\}")  # a node that is another node (model.net.norm: ${norm})
 
 
 def _hydra() -> Any | None:
@@ -54,8 +61,96 @@ def resolve_ckpt(cfg: DictConfig) -> str | None:
     return str(path)
 
 
+class ConfigInCheckpoint(pl.Callback):
+    """Stores the run's resolved config in every checkpoint (CONFIG_KEY): a resume checks it."""
+
+    def __init__(self, resolved: dict[str, Any]):
+        self.resolved = resolved
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        checkpoint[CONFIG_KEY] = self.resolved
+
+
+def _leaves(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{dotted key: value} of a config container's leaves (lists and empty dicts are leaves)."""
+    leaves = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            leaves.update(_leaves(value, f"{prefix}{key}."))
+        else:
+            leaves[f"{prefix}{key}"] = value
+    return leaves
+
+
+def _show(values: dict[str, Any], key: str) -> str:
+    if key not in values:
+        return "absent"
+    value = values[key]
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    return str(value)
+
+
+def differences(
+    old: dict[str, Any], new: dict[str, Any], cfg: DictConfig, old_name: str, new_name: str
+) -> str:
+    """'key: <old> (old_name) vs <new> (new_name)' for each leaf whose value differs, "; "-joined
+    (the first SHOWN_DIFFERENCES, changed values before keys one side lacks); empty when none.
+    A key that is another node in cfg (model.net.norm: ${norm}) is left to that node."""
+    unresolved = _leaves(OmegaConf.to_container(cfg, resolve=False))  # type: ignore[arg-type]
+    aliases = tuple(f"{k}." for k, v in unresolved.items() if _ALIAS.fullmatch(str(v)))
+    a, b = _leaves(old), _leaves(new)
+    differ = [k for k in sorted(a.keys() | b.keys()) if a.get(k, _ABSENT) != b.get(k, _ABSENT)]
+    keys = [k for k in differ if not f"{k}.".startswith(aliases)]
+    keys.sort(key=lambda k: k not in a or k not in b)  # changed values first, then added/removed
+    shown = [f"{k}: {_show(a, k)} ({old_name}) vs {_show(b, k)} ({new_name})" for k in keys]
+    more = len(shown) - SHOWN_DIFFERENCES
+    return "; ".join(shown[:SHOWN_DIFFERENCES]) + (f"; and {more} more" if more > 0 else "")
+
+
+def check_checkpoint(cfg: DictConfig, task: pl.LightningModule, checkpoint: dict, path: str):
+    """A checkpoint to resume must hold the task cfg builds: the same MODEL_KEYS (when it stores
+    its config) and the same state_dict keys and shapes. Raise ConfigError naming the keys that
+    differ; read only."""
+    where = f"ckpt_path={cfg.ckpt_path}: {path}"
+    stored = checkpoint.get(CONFIG_KEY)
+    if stored is not None:
+        resolved = OmegaConf.to_container(cfg, resolve=True)
+        old, new = ({k: t[k] for k in MODEL_KEYS if k in t} for t in (stored, resolved))
+        diff = differences(old, new, cfg, "checkpoint", "config")
+        if diff:
+            raise ConfigError(f"{where} does not match the config: {diff}")
+
+    def shapes(state: dict[str, Any]) -> dict[str, list[int]]:  # torch.compile's keys unwrapped
+        return {k.replace("_orig_mod.", ""): [*getattr(v, "shape", ())] for k, v in state.items()}
+
+    theirs, ours = shapes(checkpoint.get("state_dict", {})), shapes(task.state_dict())
+    diff = differences(theirs, ours, cfg, "checkpoint", "model")
+    if diff:
+        raise ConfigError(f"{where} does not fit the model the config builds: {diff}")
+
+
+def _other_run(cfg: DictConfig) -> str | None:
+    """None when the run dir holds no earlier run, or one of this config (identity.config_hash,
+    what a sweep calls the same job); else what differs."""
+    guard = rundir.current()
+    if guard is None or not guard.holds_run():
+        return None
+    config_hash = identity.config_hash(cfg)
+    try:
+        before = OmegaConf.create(guard.previous_config())
+        if identity.config_hash(before) == config_hash:
+            return None
+        old = OmegaConf.to_container(before, resolve=True)
+    except Exception as err:  # a config this code cannot read or resolve: another config
+        return f"its .hydra/config.yaml cannot be resolved: {err}"
+    new = OmegaConf.to_container(cfg, resolve=True)
+    old, new = ({k: v for k, v in t.items() if k not in identity.NOT_IDENTITY} for t in (old, new))
+    return differences(old, new, cfg, "run dir", "config") or "another config_hash"
+
+
 def build_callbacks(cfg: DictConfig, task: pl.LightningModule) -> list[pl.Callback]:
-    callbacks = []
+    callbacks: list[pl.Callback] = [ConfigInCheckpoint(OmegaConf.to_container(cfg, resolve=True))]
     for name, cb_cfg in (cfg.get("callbacks") or {}).items():
         if cb_cfg is None:
             continue
@@ -97,20 +192,24 @@ def build_trainer(
     )
 
 
-def resume_point(path: str | None) -> dict[str, int | None]:
+def resume_point(checkpoint: dict[str, Any] | None) -> dict[str, int | None]:
     """{} without a checkpoint; else the global step it was saved at and the rows of the CSV
     log before it (None in a checkpoint that did not count them)."""
-    if path is None:
+    if checkpoint is None:
         return {}
-    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
     rows = checkpoint.get("csv_rows")
     return {"resume_step": int(checkpoint["global_step"]), "resume_rows": rows}
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
-    """Fit (and test) one config; return {'status', 'note' (why not ok), 'metrics', 'seed'}."""
+    """Fit (and test) one config; return {'status', 'note' (why not ok), 'metrics', 'seed'}.
+
+    Nothing is written to the run dir before the checks pass: the config, a checkpoint to
+    resume against the model, an earlier run of another config in the dir (a single run that
+    does not resume it), whether the run dir and checkpoint dirs can be written."""
     console.configure()
     config.validate(cfg)
+    other_run = _other_run(cfg)  # before a random seed is written into cfg
     seed = cfg.seed if cfg.seed is not None else random.randrange(2**31)
     with open_dict(cfg):
         cfg.seed = seed  # a seed picked at random reaches what interpolates it (data.seed)
@@ -124,14 +223,32 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     datamodule.prepare_data()  # missing or corrupted files fail here, before anything runs
     task: pl.LightningModule = instantiate(cfg.model)
     preflight(task, int(cfg.batch))
+
+    run_dir = _run_dir(cfg)
+    ckpt = resolve_ckpt(cfg)
+    checkpoint = torch.load(ckpt, map_location="cpu", weights_only=False) if ckpt else None
+    if checkpoint is not None:
+        check_checkpoint(cfg, task, checkpoint, ckpt)
+    if ckpt and Path(ckpt).resolve().is_relative_to(run_dir.resolve()):
+        other_run = None  # it resumes the run in its dir: the checkpoint's check above decides
+    if other_run is not None and not cfg.get("overwrite"):
+        raise RunDirError(
+            f"run dir {run_dir} holds a run of another config ({other_run}): pick another "
+            f"hydra.run.dir, or overwrite=true to move that run to {run_dir}/"
+            f"{rundir.OLD_PREFIX}<time>/ and start anew"
+        )
+    callbacks = build_callbacks(cfg, task)
+    dirs = [Path(c.dirpath) for c in callbacks if getattr(c, "dirpath", None)]
+    rundir.probe([run_dir, *dirs])  # an unwritable checkpoint dir fails now, not after an epoch
+    if other_run is not None:
+        log.info("overwrite=true: moved the earlier run to %s", rundir.current().move_aside())
+    if rundir.current() is not None:
+        rundir.current().start()
     if cfg.get("channels_last"):
         task = task.to(memory_format=torch.channels_last)
     if cfg.get("compile"):
         task.net = torch.compile(task.net)
-
-    ckpt = resolve_ckpt(cfg)
-    callbacks = build_callbacks(cfg, task)
-    trackers = build_loggers(cfg, resume_point(ckpt))
+    trackers = build_loggers(cfg, resume_point(checkpoint))
     trainer = build_trainer(cfg, callbacks, trackers)
     hparams = OmegaConf.to_container(cfg, resolve=True)
     hparams["seed"] = seed
@@ -173,7 +290,7 @@ def main(cfg: DictConfig) -> float | None:
         try:
             result = train(cfg)
         except Exception as err:
-            cause = user_error(err)
+            cause = user_error(err) or rundir.write_error(err, _run_dir(cfg))
             if cause is None:
                 raise
             raise SystemExit(f"error: {cause}") from None
@@ -195,6 +312,22 @@ def main(cfg: DictConfig) -> float | None:
         record_outcome(hc.job.num, before["status"])
         value = before.get(cfg.get("objective") or "")
         return float(value) if value not in (None, "") else None
+    try:
+        held = rundir.lock(_run_dir(cfg))  # another process runs this job now: leave it
+    except RunDirError as err:
+        log.error("job [%s] not run: %s", overrides, err)
+        record_outcome(hc.job.num, "failed")
+        return objective(cfg, {"status": "failed", "metrics": {}})
+    try:
+        return _sweep_job(cfg, hc, overrides, ident, before, same)
+    finally:
+        os.close(held)
+
+
+def _sweep_job(cfg: DictConfig, hc: Any, overrides: str, ident: dict[str, str],
+               before: dict[str, str] | None, same: bool) -> float | None:  # fmt: skip
+    """A multirun job that is not reused, in its locked run dir: resume, rerun or run it."""
+    sweep_dir = Path(hc.sweep.dir)
     last = _run_dir(cfg) / "checkpoints" / "last.ckpt"
     if before is not None and not same:
         changed = [k for k, v in ident.items() if before.get(k) != v]
@@ -220,7 +353,7 @@ def main(cfg: DictConfig) -> float | None:
         result = train(cfg)
     except Exception as err:  # a failing job is recorded; the sweep goes on
         log.error("job [%s] failed:\n%s", overrides, traceback.format_exc())
-        cause = user_error(err) or err
+        cause = user_error(err) or rundir.write_error(err, _run_dir(cfg)) or err
         result["error"] = f"{type(cause).__name__}: {cause}"
     row.update(
         status=result["status"],

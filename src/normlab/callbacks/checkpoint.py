@@ -12,7 +12,9 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Checkpoint
 
+from normlab.errors import RunDirError
 from normlab.loggers import ResumableCSVLogger
+from normlab.rundir import probe
 
 
 class LastCheckpoint(Checkpoint):
@@ -53,7 +55,16 @@ class LastCheckpoint(Checkpoint):
         path = self.dirpath / "last.ckpt"
         tmp = self.dirpath / ".last.ckpt.tmp"
         try:
+            if trainer.is_global_zero:
+                tmp.unlink(missing_ok=True)
             trainer.save_checkpoint(tmp, weights_only=False)  # full state, said explicitly
+            if trainer.is_global_zero and not tmp.is_file():  # Lightning drops a PermissionError
+                probe([self.dirpath])  # raises, naming the cause
+                raise OSError(f"{tmp} was not written")
+        except (OSError, RunDirError) as err:  # disk full, dir read-only or removed: one line
+            raise RunDirError(
+                f"cannot save {path}: {err} (the previous {path.name}, if any, is intact)"
+            ) from err
         finally:
             self._csv_rows = None
         if trainer.is_global_zero:
