@@ -3,14 +3,17 @@ the cause, and no traceback."""
 
 from __future__ import annotations
 
+import csv
 import math
+import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, TINY
 
 from normlab.norms import available_norms, create_norm
 from normlab.norms.base import NormConfigError
@@ -41,12 +44,7 @@ CASES = [
     ("negative learning rate", ["optim.optimizer.lr=-0.1"], ["optim.optimizer.lr", "-0.1"]),
     ("infinite learning rate", ["optim.optimizer.lr=inf"],
      ["optim.optimizer.lr must be a finite number, got inf"]),
-    ("NaN learning rate", ["optim.optimizer.lr=nan"],
-     ["optim.optimizer.lr must be a finite number, got nan"]),
     ("NaN in a list", ["+extra=[1,nan]"], ["extra[1] must be a finite number, got nan"]),
-    ("seed not an integer", ["seed=abc"], ["seed must be an integer or null, got 'abc'"]),
-    ("negative thread count", ["num_threads=-2"],
-     ["num_threads must be a positive integer, got -2"]),
     ("negative warmup", ["optim.warmup_steps=-5"], ["optim.warmup_steps", "-5"]),
     ("zero epochs", ["trainer.max_epochs=0"], ["trainer.max_epochs", "0"]),
     ("unknown activation", ["model.net.activation=tanh"], ["activation", "tanh", "sigmoid"]),
@@ -82,6 +80,134 @@ def fail(args: list[str], tmp_path: Path) -> str:
     assert "Traceback" not in proc.stderr, proc.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()  # nothing trained
     return proc.stderr
+
+
+def one_line(args: list[str], tmp_path: Path, code: int = 1) -> str:
+    """Run train.py; assert the exit code, no traceback, nothing trained, and return the last
+    stderr line, which must be the one `error: ...` line."""
+    proc = subprocess.run(
+        [sys.executable, "train.py", *args, f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == code, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()  # nothing trained
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: "), proc.stderr[-3000:]
+    return last
+
+
+# (case, overrides, a regular expression the whole last stderr line must match)
+ONE_LINE = [
+    ("NaN learning rate", ["optim.optimizer.lr=nan"],
+     r"error: optim\.optimizer\.lr must be a finite number, got nan"),
+    ("seed not an integer", ["seed=abc"], r"error: seed must be an integer or null, got 'abc'"),
+    ("negative thread count", ["num_threads=-2"],
+     r"error: num_threads must be a positive integer, got -2"),
+    ("transformer on images", ["model=transformer", "data=fashion_mnist"],
+     r"error: model=transformer does not train on data=fashion_mnist: it takes data=shakespeare"),
+    ("lenet on text", ["model=lenet", "data=shakespeare"],
+     r"error: model=lenet does not train on data=shakespeare: it takes data=fashion_mnist"),
+    ("placement on a model without residual blocks", ["placement=post"],
+     r"error: placement=post has no effect on model=lenet: placement applies only to the "
+     r"Transformer models whose residual blocks read it \(model=transformer\)"),
+    ("context too long for the memory", ["model=transformer", "model.net.ctx=100000"],
+     r"error: a forward pass with batch=64 needs about \d+\.\d GiB \(attention "
+     r"batch\*heads\*ctx\^2\*4 = 64\*4\*100000\^2\*4 = 9536\.7 GiB, activations .* GiB\) "
+     r"but \d+\.\d GiB of memory is available \(MemAvailable\): lower the batch or the "
+     r"model's size \(model\.net\.ctx, \.\.\.\)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case,args,line", ONE_LINE, ids=[c[0] for c in ONE_LINE])
+def test_bad_input_is_one_error_line(case, args, line, tmp_path):
+    last = one_line(args, tmp_path)
+    assert re.fullmatch(line, last), f"{case}:\n{last}"
+
+
+def test_an_unreachable_tracking_server_fails_at_once_naming_it(tmp_path):
+    uri = "http://127.0.0.1:9"  # loopback, the discard port: nothing listens
+    start = time.monotonic()
+    last = one_line(["logger=[csv,mlflow]", f"logger.mlflow.tracking_uri={uri}"], tmp_path)
+    assert time.monotonic() - start < 30  # MLflow's client alone retried for minutes
+    assert last == (
+        f"error: logger.mlflow.tracking_uri={uri}: cannot reach the tracking server: Connection "
+        "refused (connect timeout 10 s); start it, or use another tracking_uri"
+    )
+
+
+def test_a_checkpoint_that_cannot_be_resumed_is_named(tmp_path):
+    import torch
+
+    text = tmp_path / "notes.ckpt"
+    text.write_text("not a checkpoint\n")
+    full = tmp_path / "full.ckpt"
+    torch.save({"state_dict": {"w": torch.zeros(1000)}, "global_step": 3}, full)
+    truncated = tmp_path / "truncated.ckpt"
+    truncated.write_bytes(full.read_bytes()[: full.stat().st_size // 2])
+    no_step = tmp_path / "no_step.ckpt"
+    torch.save({"state_dict": {}, "epoch": 0, "optimizer_states": []}, no_step)
+    unreadable = ("is not a readable checkpoint (truncated or not a .ckpt file: no zip directory "
+                  "at its end)")  # fmt: skip
+    for path, tail in ((text, unreadable), (truncated, unreadable),
+                       (no_step, "is not a checkpoint a run can resume from: it has no "
+                                 "global_step (a weights-only or foreign file?)")):  # fmt: skip
+        last = one_line([f"ckpt_path={path}"], tmp_path)
+        assert last == f"error: ckpt_path={path}: {path} {tail}"
+
+
+def run_sweep(sweep_dir: Path, code: int = 0) -> str:
+    proc = subprocess.run(
+        [sys.executable, "train.py", "-m", "batch=16", *TINY, "test=false",
+         f"hydra.sweep.dir={sweep_dir}"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == code, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    return proc.stdout + proc.stderr  # a multirun logs to stdout
+
+
+def rows(sweep_dir: Path) -> dict[str, dict[str, str]]:
+    with open(sweep_dir / "summary.csv", newline="") as f:  # by the first override: batch=16
+        return {r["overrides"].split()[0]: r for r in csv.DictReader(f)}
+
+
+def test_a_damaged_sweep_summary_is_backed_up_and_rebuilt_from_the_job_dirs(tmp_path):
+    damaged = "job,overrides,status,run_dir\n0,batch=16,ok,0_batch=16\n1,batch=8,runn"  # cut
+    (tmp_path / "summary.csv").write_text(damaged)
+    other = tmp_path / "1_batch=8" / ".hydra"  # a job of an earlier invocation
+    other.mkdir(parents=True)
+    (other / "overrides.yaml").write_text("- batch=8\n")
+    output = run_sweep(tmp_path)
+    (backup,) = tmp_path.glob("summary.csv.damaged-*")
+    assert backup.read_text() == damaged
+    assert (
+        f"{tmp_path / 'summary.csv'} is damaged: line 3 has the wrong number of fields; "
+        f"moved it to {backup} and rebuilt 2 rows from the job dirs" in output
+    )
+    status = {o: r["status"] for o, r in rows(tmp_path).items()}
+    assert status == {"batch=16": "ok", "batch=8": "failed"}  # batch=8 runs again next time
+
+
+def test_a_truncated_last_checkpoint_of_a_sweep_job_is_moved_aside_and_the_job_restarts(
+    tmp_path,
+):
+    run_sweep(tmp_path)
+    (job,) = tmp_path.glob("0_*")
+    last = job / "checkpoints" / "last.ckpt"
+    last.write_bytes(last.read_bytes()[:1000])  # cut while it was copied
+    table = rows(tmp_path)
+    table["batch=16"]["status"] = "running"  # the job was killed
+    with open(tmp_path / "summary.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(table["batch=16"]))
+        writer.writeheader()
+        writer.writerows(table.values())
+    output = run_sweep(tmp_path)
+    (aside,) = job.glob("checkpoints/last.damaged-*.ckpt")
+    assert f"last.ckpt: {last} is not a readable checkpoint" in output
+    assert f"moved it to {aside}, running the job from scratch" in output
+    assert rows(tmp_path)["batch=16"]["status"] == "ok"
+    assert last.is_file() and aside.stat().st_size == 1000
 
 
 @pytest.mark.parametrize("case,args,words", CASES, ids=[c[0] for c in CASES])

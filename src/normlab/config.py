@@ -14,6 +14,15 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from normlab.errors import ConfigError
 
 PROGRESS = ("bar", "epoch", "none")  # what a run shows while it trains (conf/train.yaml)
+# conf/model/<name>.yaml -> the conf/data/<name>.yaml it trains on (images or characters)
+MODEL_DATA = {
+    "lenet": ("fashion_mnist",),
+    "mlp": ("fashion_mnist",),
+    "dit": ("fashion_mnist",),
+    "transformer": ("shakespeare",),
+}
+DEFAULT_PLACEMENT = "pre"  # conf/train.yaml's placement; a model reads it when its config
+# interpolates ${placement} (the Transformer's residual blocks)
 
 
 def _uid() -> str:
@@ -79,8 +88,45 @@ def _non_finite(node: DictConfig | ListConfig, prefix: str = "") -> tuple[str, f
     return None
 
 
+def _choices() -> dict[str, str]:
+    """Hydra's config group choices of this run ({} outside a Hydra run)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return {}
+    return {k: v for k, v in HydraConfig.get().runtime.choices.items() if isinstance(v, str)}
+
+
+def _reads_placement(node: object) -> bool:
+    """Whether a (unresolved) config container interpolates ${placement} anywhere."""
+    if isinstance(node, dict):
+        return any(_reads_placement(v) for v in node.values())
+    if isinstance(node, list):
+        return any(_reads_placement(v) for v in node)
+    return isinstance(node, str) and "${placement" in node
+
+
+def check_combination(cfg: DictConfig) -> None:
+    """A model and data that fit (MODEL_DATA), and a placement only for a model that reads it."""
+    choices = _choices()
+    model, data = choices.get("model"), choices.get("data")
+    fits = MODEL_DATA.get(model or "")
+    if fits is not None and data is not None and data not in fits:
+        takes = " or ".join(f"data={d}" for d in fits)
+        raise ConfigError(f"model={model} does not train on data={data}: it takes {takes}")
+    placement = OmegaConf.select(cfg, "placement.name", default=None)
+    model_cfg = OmegaConf.to_container(cfg.model, resolve=False) if "model" in cfg else {}
+    if placement not in (None, DEFAULT_PLACEMENT) and not _reads_placement(model_cfg):
+        raise ConfigError(
+            f"placement={placement} has no effect on model={model or cfg.model.get('_target_')}: "
+            "placement applies only to the Transformer models whose residual blocks read it "
+            "(model=transformer)"
+        )
+
+
 def validate(cfg: DictConfig) -> None:
     """Fail fast on values that cannot work, naming the key and the value."""
+    check_combination(cfg)
     found = _non_finite(cfg)
     if found is not None:
         raise ConfigError(f"{found[0]} must be a finite number, got {found[1]!r}")

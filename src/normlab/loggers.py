@@ -7,6 +7,7 @@ import itertools
 import netrc
 import os
 import secrets
+import socket
 from argparse import Namespace
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +23,11 @@ from lightning.pytorch.loggers import (
 )
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import DictConfig
+
+from normlab.errors import ConfigError
+
+PROBE_TIMEOUT_S = 10.0  # a tracking server that does not answer a connect in this long fails
 
 
 def sweep_group() -> str | None:
@@ -200,6 +206,27 @@ def mlflow_logger(
         tags={"group": sweep_group() or ""},
         **kwargs,
     )
+
+
+def check_servers(logger_cfg: DictConfig | None) -> None:
+    """Connect to every tracker's http(s) tracking_uri before training (MLflow's client would
+    retry an unreachable server for minutes without a message); ConfigError naming the URI."""
+    from urllib.parse import urlsplit
+
+    for name, lg_cfg in (logger_cfg or {}).items():
+        uri = str((lg_cfg or {}).get("tracking_uri") or "")
+        url = urlsplit(uri)
+        if url.scheme not in ("http", "https"):
+            continue
+        port = url.port or (443 if url.scheme == "https" else 80)
+        try:
+            socket.create_connection((url.hostname, port), timeout=PROBE_TIMEOUT_S).close()
+        except OSError as err:
+            reason = err.strerror or str(err) or type(err).__name__
+            raise ConfigError(
+                f"logger.{name}.tracking_uri={uri}: cannot reach the tracking server: {reason} "
+                f"(connect timeout {PROBE_TIMEOUT_S:g} s); start it, or use another tracking_uri"
+            ) from err
 
 
 def sweep_job_name() -> str | None:

@@ -14,8 +14,38 @@ from torch import nn
 from normlab.errors import ConfigError, UserError
 
 
+def available_memory() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes (None where there is none)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_memory(task: nn.Module, batch_size: int) -> None:
+    """A network that can estimate its forward pass (forward_bytes(batch)) is refused, before
+    anything is allocated, when that estimate exceeds the memory available."""
+    estimate = getattr(getattr(task, "net", task), "forward_bytes", None)
+    available = available_memory()
+    if estimate is None or available is None:
+        return
+    need, how = estimate(batch_size)
+    if need > available:
+        raise ConfigError(
+            f"a forward pass with batch={batch_size} needs about {need / 2**30:.1f} GiB ({how}) "
+            f"but {available / 2**30:.1f} GiB of memory is available (MemAvailable): lower the "
+            "batch or the model's size (model.net.ctx, ...)"
+        )
+
+
 def preflight(task: nn.Module, batch_size: int) -> None:
-    """Run task(*task.example_input(batch_size)) on a copy; raise ConfigError naming the layer."""
+    """Run task(*task.example_input(batch_size)) on a copy; raise ConfigError naming the layer
+    (or, before that, check_memory's estimate)."""
+    check_memory(task, batch_size)
     probe = copy.deepcopy(task).train()
     stack: list[str] = []
     handles = []

@@ -9,6 +9,7 @@ import random
 import re
 import time
 import traceback
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 SUMMARY_GROUPS = ("train", "val", "test", "diverged")  # metric prefixes a run's result keeps
 CONFIG_KEY = "normlab_config"  # a checkpoint's entry holding the resolved config that saved it
 MODEL_KEYS = ("model", "norm", "placement", "optim")  # what builds the task a checkpoint holds
+RESUME_KEYS = ("state_dict", "global_step", "epoch", "optimizer_states")  # what a resume reads
 SHOWN_DIFFERENCES = 4  # differing keys an error names
 _ABSENT = object()
 _ALIAS = re.compile(r"\$\{[\w.]+\}")  # a node that is another node (model.net.norm: ${norm})
@@ -59,6 +61,27 @@ def resolve_ckpt(cfg: DictConfig) -> str | None:
             return None
         raise ConfigError(f"ckpt_path={value!r}: no checkpoint at {path}")
     return str(path)
+
+
+def read_checkpoint(path: str | Path, what: str) -> dict[str, Any]:
+    """The checkpoint at path, or ConfigError naming it (`what`, e.g. ckpt_path=last) when it
+    cannot be read (not a torch file, truncated) or is not a full Lightning checkpoint."""
+    try:
+        if not zipfile.is_zipfile(path):  # torch.save's format; a cut file lost its directory
+            raise ValueError("no zip directory at its end")
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:
+        cause = str(err).split(". ")[0].strip().rstrip(".") or type(err).__name__
+        raise ConfigError(
+            f"{what}: {path} is not a readable checkpoint (truncated or not a .ckpt file: {cause})"
+        ) from err
+    missing = [k for k in RESUME_KEYS if not isinstance(checkpoint, dict) or k not in checkpoint]
+    if missing:
+        raise ConfigError(
+            f"{what}: {path} is not a checkpoint a run can resume from: it has no "
+            f"{', '.join(missing)} (a weights-only or foreign file?)"
+        )
+    return checkpoint
 
 
 class ConfigInCheckpoint(pl.Callback):
@@ -204,11 +227,12 @@ def resume_point(checkpoint: dict[str, Any] | None) -> dict[str, int | None]:
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Fit (and test) one config; return {'status', 'note' (why not ok), 'metrics', 'seed'}.
 
-    Nothing is written to the run dir before the checks pass: the config, a checkpoint to
-    resume against the model, an earlier run of another config in the dir (a single run that
-    does not resume it), whether the run dir and checkpoint dirs can be written."""
+    Nothing is written to the run dir before the checks pass: the config, the trackers' servers,
+    a checkpoint to resume against the model, an earlier run of another config in the dir (a
+    single run that does not resume it), whether the run dir and checkpoint dirs can be written."""
     console.configure()
     config.validate(cfg)
+    loggers.check_servers(cfg.get("logger"))
     other_run = _other_run(cfg)  # before a random seed is written into cfg
     seed = cfg.seed if cfg.seed is not None else random.randrange(2**31)
     with open_dict(cfg):
@@ -226,7 +250,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     run_dir = _run_dir(cfg)
     ckpt = resolve_ckpt(cfg)
-    checkpoint = torch.load(ckpt, map_location="cpu", weights_only=False) if ckpt else None
+    checkpoint = read_checkpoint(ckpt, f"ckpt_path={cfg.ckpt_path}") if ckpt else None
     if checkpoint is not None:
         check_checkpoint(cfg, task, checkpoint, ckpt)
     if ckpt and Path(ckpt).resolve().is_relative_to(run_dir.resolve()):
@@ -335,9 +359,17 @@ def _sweep_job(cfg: DictConfig, hc: Any, overrides: str, ident: dict[str, str],
         if last.is_file():  # a checkpoint of the old job must never be resumed by the new one
             last.replace(last.with_name("last.stale.ckpt"))
     elif before is not None and cfg.get("ckpt_path") is None and last.is_file():
-        log.info("job [%s] was %s: resuming from %s", overrides, before["status"], last)
-        with open_dict(cfg):
-            cfg.ckpt_path = "last"
+        try:
+            read_checkpoint(last, "last.ckpt")
+        except ConfigError as err:  # a run killed while the file was copied in, a full disk
+            aside = last.with_name(f"last.damaged-{time.strftime('%Y%m%d-%H%M%S')}.ckpt")
+            last.replace(aside)
+            log.warning("job [%s]: %s; moved it to %s, running the job from scratch",
+                        overrides, err, aside)  # fmt: skip
+        else:
+            log.info("job [%s] was %s: resuming from %s", overrides, before["status"], last)
+            with open_dict(cfg):
+                cfg.ckpt_path = "last"
     row: dict[str, Any] = {
         "job": hc.job.num,
         "overrides": overrides,

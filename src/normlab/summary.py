@@ -10,14 +10,19 @@ from __future__ import annotations
 import contextlib
 import csv
 import fcntl
+import logging
 import math
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+log = logging.getLogger(__name__)
 # a job's identity (normlab.identity) and whether its row was reused from an earlier invocation
 IDENTITY_COLUMNS = ["reused", "config_hash", "code_version"]
 FIRST_COLUMNS = ["job", "overrides", "status", "error", "wall_time_s", "seed", "run_dir",
@@ -49,12 +54,65 @@ def _locked(sweep_dir: Path) -> contextlib.AbstractContextManager[None]:
     return file_lock(sweep_dir / ".summary.lock")
 
 
+KEY_COLUMNS = ("job", "overrides", "status", "run_dir")  # what every row must have
+
+
 def read_summary(sweep_dir: str | Path) -> list[dict[str, str]]:
+    """The rows of sweep_dir/summary.csv; ValueError naming the file when it is damaged."""
     path = Path(sweep_dir) / "summary.csv"
     if not path.exists():
         return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+    try:
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            rows = list(reader)
+            missing = [c for c in KEY_COLUMNS if c not in (reader.fieldnames or [])]
+    except (csv.Error, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is damaged: {err}") from err
+    if missing:
+        raise ValueError(f"{path} is damaged: no column {', '.join(missing)}")
+    for number, row in enumerate(rows, start=2):
+        if None in row or any(row.get(c) is None for c in KEY_COLUMNS):
+            raise ValueError(f"{path} is damaged: line {number} has the wrong number of fields")
+    return rows
+
+
+def _job_rows(sweep_dir: Path) -> list[dict[str, str]]:
+    """A row per job dir of the sweep (<job number>_<overrides>/.hydra/overrides.yaml), its
+    outcome unknown: status failed, so the job is run again."""
+    rows = []
+    for overrides_file in sorted(sweep_dir.glob("*/.hydra/overrides.yaml")):
+        job_dir = overrides_file.parent.parent
+        number = job_dir.name.split("_", 1)[0]
+        try:
+            overrides = yaml.safe_load(overrides_file.read_text()) or []
+        except (OSError, yaml.YAMLError):
+            continue
+        rows.append({
+            "job": number if number.isdigit() else "",
+            "overrides": " ".join(str(o) for o in overrides),
+            "status": "failed",
+            "error": "row rebuilt from the job dir: its outcome was lost with a damaged "
+                     "summary.csv",
+            "run_dir": str(job_dir),
+        })  # fmt: skip
+    return rows
+
+
+def _rows(sweep_dir: Path) -> list[dict[str, str]]:
+    """read_summary; a damaged summary.csv is renamed beside it (summary.csv.damaged-<time>)
+    and its rows rebuilt from the job dirs, with a warning. Call under _locked."""
+    try:
+        return read_summary(sweep_dir)
+    except ValueError as err:
+        path = sweep_dir / "summary.csv"
+        backup = path.with_name(f"summary.csv.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+        path.replace(backup)
+        rows = _job_rows(sweep_dir)
+        _write(sweep_dir, rows)
+        log.warning("%s; moved it to %s and rebuilt %d rows from the job dirs (their jobs run "
+                    "again)", err, backup, len(rows))  # fmt: skip
+        return rows
 
 
 def _fmt(value: Any) -> str:
@@ -85,21 +143,26 @@ def update_row(sweep_dir: str | Path, row: dict[str, Any]) -> None:
     with _locked(sweep_dir):
         rows = [
             r
-            for r in read_summary(sweep_dir)
+            for r in _rows(sweep_dir)
             if not same_job(r["overrides"], str(row["overrides"]))
             and not (row.get("run_dir") and r.get("run_dir") == str(row["run_dir"]))
         ]
         rows.append({k: _fmt(v) for k, v in row.items()})
-        rows.sort(key=lambda r: int(r["job"]) if r.get("job", "").isdigit() else 1 << 30)
-        metric_cols = sorted({k for r in rows for k in r} - set(FIRST_COLUMNS))
-        columns = FIRST_COLUMNS + metric_cols
-        with tempfile.SpooledTemporaryFile(mode="w+", newline="") as buf:
-            writer = csv.DictWriter(buf, fieldnames=columns, restval="")
-            writer.writeheader()
-            writer.writerows(rows)
-            buf.seek(0)
-            atomic_write(sweep_dir / "summary.csv", buf.read())
-        atomic_write(sweep_dir / "summary.md", _markdown(rows, columns))
+        _write(sweep_dir, rows)
+
+
+def _write(sweep_dir: Path, rows: list[dict[str, str]]) -> None:
+    """Rewrite summary.csv and summary.md with rows (sorted by job). Call under _locked."""
+    rows.sort(key=lambda r: int(r["job"]) if r.get("job", "").isdigit() else 1 << 30)
+    metric_cols = sorted({k for r in rows for k in r} - set(FIRST_COLUMNS))
+    columns = FIRST_COLUMNS + metric_cols
+    with tempfile.SpooledTemporaryFile(mode="w+", newline="") as buf:
+        writer = csv.DictWriter(buf, fieldnames=columns, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+        buf.seek(0)
+        atomic_write(sweep_dir / "summary.csv", buf.read())
+    atomic_write(sweep_dir / "summary.md", _markdown(rows, columns))
 
 
 FINISHED = ("ok", "diverged")  # a result; "failed" and "running" (killed) jobs are redone
@@ -107,4 +170,6 @@ FINISHED = ("ok", "diverged")  # a result; "failed" and "running" (killed) jobs 
 
 def previous_row(sweep_dir: str | Path, overrides: str) -> dict[str, str] | None:
     """The row an earlier invocation of this sweep wrote for a job with these overrides."""
-    return next((r for r in read_summary(sweep_dir) if same_job(r["overrides"], overrides)), None)
+    with _locked(Path(sweep_dir)):
+        rows = _rows(Path(sweep_dir))
+    return next((r for r in rows if same_job(r["overrides"], overrides)), None)

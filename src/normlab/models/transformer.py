@@ -198,6 +198,20 @@ class GPT(nn.Module):
     # Forward and sampling
     # ----------------------------------------------------------------------------------------
 
+    def forward_bytes(self, batch: int) -> tuple[int, str]:
+        """An estimate of the largest float32 tensors of a forward pass over batch windows of
+        ctx tokens, and how it was computed: one layer's attention matrix and the activations
+        of the stream, the MLP and the logits."""
+        B, T, H, D, V = batch, self.ctx, self.n_heads, self.d_model, self.vocab_size
+        attention = B * H * T * T * 4
+        activations = B * T * (4 * D + 2 * MLP_RATIO * D + V) * 4
+        how = (
+            f"attention batch*heads*ctx^2*4 = {B}*{H}*{T}^2*4 = {attention / 2**30:.1f} GiB, "
+            f"activations batch*ctx*(4*d_model + 2*{MLP_RATIO}*d_model + vocab)*4 = "
+            f"{activations / 2**30:.1f} GiB"
+        )
+        return attention + activations, how
+
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         B, T = idx.shape
         if T > self.ctx:
