@@ -224,12 +224,13 @@ def resume_point(checkpoint: dict[str, Any] | None) -> dict[str, int | None]:
     return {"resume_step": int(checkpoint["global_step"]), "resume_rows": rows}
 
 
-def train(cfg: DictConfig) -> dict[str, Any]:
+def train(cfg: DictConfig, checkpoint: dict[str, Any] | None = None) -> dict[str, Any]:
     """Fit (and test) one config; return {'status', 'note' (why not ok), 'metrics', 'seed'}.
 
     Nothing is written to the run dir before the checks pass: the config, the trackers' servers,
     a checkpoint to resume against the model, an earlier run of another config in the dir (a
-    single run that does not resume it), whether the run dir and checkpoint dirs can be written."""
+    single run that does not resume it), whether the run dir and checkpoint dirs can be written.
+    `checkpoint`: the checkpoint at cfg.ckpt_path when the caller has read it already."""
     console.configure()
     config.validate(cfg)
     loggers.check_servers(cfg.get("logger"))
@@ -250,7 +251,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     run_dir = _run_dir(cfg)
     ckpt = resolve_ckpt(cfg)
-    checkpoint = read_checkpoint(ckpt, f"ckpt_path={cfg.ckpt_path}") if ckpt else None
+    if ckpt and checkpoint is None:  # a sweep job hands over the last.ckpt it has read
+        checkpoint = read_checkpoint(ckpt, f"ckpt_path={cfg.ckpt_path}")
     if checkpoint is not None:
         check_checkpoint(cfg, task, checkpoint, ckpt)
     if ckpt and Path(ckpt).resolve().is_relative_to(run_dir.resolve()):
@@ -353,6 +355,7 @@ def _sweep_job(cfg: DictConfig, hc: Any, overrides: str, ident: dict[str, str],
     """A multirun job that is not reused, in its locked run dir: resume, rerun or run it."""
     sweep_dir = Path(hc.sweep.dir)
     last = _run_dir(cfg) / "checkpoints" / "last.ckpt"
+    checkpoint = None  # the last.ckpt this job resumes from, read once
     if before is not None and not same:
         changed = [k for k, v in ident.items() if before.get(k) != v]
         log.info("job [%s] changed (%s): running it again", overrides, ", ".join(changed))
@@ -360,7 +363,7 @@ def _sweep_job(cfg: DictConfig, hc: Any, overrides: str, ident: dict[str, str],
             last.replace(last.with_name("last.stale.ckpt"))
     elif before is not None and cfg.get("ckpt_path") is None and last.is_file():
         try:
-            read_checkpoint(last, "last.ckpt")
+            checkpoint = read_checkpoint(last, "last.ckpt")
         except ConfigError as err:  # a run killed while the file was copied in, a full disk
             aside = last.with_name(f"last.damaged-{time.strftime('%Y%m%d-%H%M%S')}.ckpt")
             last.replace(aside)
@@ -382,7 +385,7 @@ def _sweep_job(cfg: DictConfig, hc: Any, overrides: str, ident: dict[str, str],
     start = time.time()
     result: dict[str, Any] = {"status": "failed", "metrics": {}}
     try:
-        result = train(cfg)
+        result = train(cfg, checkpoint)
     except Exception as err:  # a failing job is recorded; the sweep goes on
         log.error("job [%s] failed:\n%s", overrides, traceback.format_exc())
         cause = user_error(err) or rundir.write_error(err, _run_dir(cfg)) or err
