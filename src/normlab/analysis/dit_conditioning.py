@@ -1,7 +1,9 @@
 """dit_conditioning: DiT (Peebles & Xie 2023) Table 4, the four conditioning mechanisms by FID.
 
 One grid (experiment=dit_conditioning): adaLN-Zero, adaLN, cross-attention and in-context on
-the tiny DiT, each over seeds. Every job is scored once after its last step: val/fid_lenet of
+the tiny DiT, each over seeds. dit_conditioning_deep (experiment=dit_conditioning_deep, `render_deep`):
+adaLN-Zero against adaLN alone in a DiT of twice the depth, where starting each block as the
+identity is meant to matter more. Every job is scored once after its last step: val/fid_lenet of
 5,000 samples without guidance, from the EMA weights, the starting noise the same for every
 job. `resample` scores each arm's first-seed checkpoint again on other starting noise:
 fid_lenet's resampling noise. `extract` reads the run logs into runs.csv; `render` decides from
@@ -273,6 +275,44 @@ def render(data: pd.DataFrame) -> Result:
     fig.tight_layout()
     best_fid, best_loss = _best_claims(data)
     return Result(fig, [best_fid, *_rank_claims(data), best_loss], _notes(data, arms))
+
+
+def render_deep(data: pd.DataFrame) -> Result:
+    """adaLN-Zero against adaLN in the deeper DiT: the same panels, one pair's claims."""
+    arms = [c for c in ("adaln_zero", "adaln") if c in set(data["arm"])]
+    fig, (ax_fid, ax_loss) = plt.subplots(1, 2, figsize=(10, 4.4))
+    _dots(ax_fid, data, arms, FINAL_FID)
+    samples = setting(data, arms, "config/fid_samples")
+    guidance = setting(data, arms, "config/fid_guidance")
+    ax_fid.set(ylabel=f"fid_lenet ({samples} samples, guidance {guidance})",
+               title="fid_lenet per seed (dots), mean and 95% CI; x: the same checkpoint "
+               "on other noise")  # fmt: skip
+    ax_fid.title.set_fontsize(9)
+    _loss_curves(ax_loss, data, arms)
+    steps, depth = setting(data, arms, "steps"), setting(data, arms, DEPTH)
+    fig.suptitle(f"adaLN-Zero vs adaLN (DiT Sec. 3.2) on Fashion-MNIST: DiT of {depth} blocks, "
+                 f"{steps} steps")  # fmt: skip
+    fig.tight_layout()
+    claims = [
+        Claim(
+            f"in a DiT of {depth} blocks, adaLN-Zero's fid_lenet is lower than adaLN's",
+            f"FID-50K {PAPER_FID['adaln_zero']} vs {PAPER_FID['adaln']} (XL/2, 28 blocks)",
+            "adaLN's fid_lenet minus adaLN-Zero's (same seed)",
+            _gaps(data, "adaln_zero", ["adaln"], FINAL_FID),
+            (0.0, ABOVE),
+            undecided=TIE,
+        ),
+        Claim(
+            f"second measure, not the paper's: in a DiT of {depth} blocks, adaLN-Zero's final "
+            "val loss is lower than adaLN's",
+            "the paper reports FID only",
+            "adaLN's final val loss (EMA weights) minus adaLN-Zero's (same seed)",
+            _gaps(data, "adaln_zero", ["adaln"], FINAL_LOSS),
+            (0.0, ABOVE),
+            undecided=TIE,
+        ),
+    ]
+    return Result(fig, claims, _notes(data, arms))
 
 
 def _mean_ci(values: pd.Series, digits: int) -> str:

@@ -247,5 +247,40 @@ REPRODUCTIONS: dict[str, Reproduction] = {
             requires=("model/dit.yaml",),
             prepare=ensure_fid_lenet,
         ),
+        Reproduction(
+            name="dit_conditioning_deep",
+            title="adaLN-Zero beats adaLN in a DiT of twice the depth (DiT Sec. 3.2)",
+            grids=(Grid("conditioning", "dit_conditioning_deep"),),
+            full=Budget(
+                (),
+                "adaLN-Zero, adaLN x 3 seeds on the tiny DiT at 8 blocks instead of 4, at "
+                "dit_conditioning's recipe: 2,400 AdamW steps of 64 images, then val/fid_lenet "
+                "of 5,000 samples without guidance (25 DDIM steps) from the EMA weights, and of "
+                "a second set from each arm's seed-0 checkpoint: 6 jobs",
+            ),
+            quick=Budget(
+                (
+                    "batch=16",
+                    "trainer.max_epochs=1",
+                    "trainer.limit_train_batches=5",
+                    "trainer.limit_val_batches=1",
+                    "trainer.limit_test_batches=1",
+                    "model.sample_steps=5",
+                    "callbacks.samples.per_class=1",
+                    "callbacks.fid.every_n_epochs=1",
+                    "callbacks.fid.num_samples=100",
+                    "callbacks.fid.steps=5",
+                    "callbacks.fid.batch_size=100",
+                ),
+                "adaLN-Zero, adaLN x 2 seeds, 5 steps of 16 images, val/fid_lenet of 100 "
+                "samples (5 DDIM steps), resampled once per arm",
+            ),
+            arm=dit_conditioning.arm,
+            extract=dit_conditioning.extract,
+            render=dit_conditioning.render_deep,
+            finish=dit_conditioning.resample,
+            requires=("model/dit.yaml",),
+            prepare=ensure_fid_lenet,
+        ),
     ]
 }
