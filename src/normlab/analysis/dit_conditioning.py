@@ -1,13 +1,14 @@
 """dit_conditioning: DiT (Peebles & Xie 2023) Table 4, the four conditioning mechanisms by FID.
 
 One grid (experiment=dit_conditioning): adaLN-Zero, adaLN, cross-attention and in-context on
-the tiny DiT, each over seeds. dit_conditioning_deep (experiment=dit_conditioning_deep, `render_deep`):
-adaLN-Zero against adaLN alone in a DiT of twice the depth, where starting each block as the
-identity is meant to matter more. Every job is scored once after its last step: val/fid_lenet of
-5,000 samples without guidance, from the EMA weights, the starting noise the same for every
-job. `resample` scores each arm's first-seed checkpoint again on other starting noise:
-fid_lenet's resampling noise. `extract` reads the run logs into runs.csv; `render` decides from
-runs.csv alone.
+the tiny DiT, each over seeds. dit_conditioning_deep (its experiment of the same name,
+`render_deep`): adaLN-Zero against adaLN alone in a DiT of twice the depth, where starting each
+block as the identity is meant to matter more.
+
+Every job is scored once after its last step: val/fid_lenet of 5,000 samples without guidance,
+from the EMA weights, the starting noise the same for every job. `resample` scores each arm's
+first-seed checkpoint again on other starting noise: fid_lenet's resampling noise. `extract`
+reads the run logs into runs.csv; `render` decides from runs.csv alone.
 """
 
 from __future__ import annotations
