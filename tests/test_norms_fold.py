@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -17,7 +18,8 @@ def _train_a_little(model: nn.Module, shape: tuple[int, ...]) -> None:
         if isinstance(m, (BatchNorm, nn.modules.batchnorm._BatchNorm)) and m.weight is not None:
             with torch.no_grad():
                 m.weight.uniform_(0.5, 2.0)
-                m.bias.normal_()
+                if m.bias is not None:
+                    m.bias.normal_()
     model.train()
     with torch.no_grad():
         for _ in range(3):
@@ -133,4 +135,16 @@ def test_fold_skips_conv_output_used_twice():
     folded = fold_batchnorm(model)
     assert isinstance(folded.bn, nn.BatchNorm2d)
     x = torch.randn(2, 2, 3, 3)
+    torch.testing.assert_close(folded(x), model.eval()(x), **TOL)
+
+
+@pytest.mark.parametrize("make", [lambda: nn.BatchNorm2d(4, bias=False),
+                                  lambda: create_norm("batchnorm", 4, bias=False)])  # fmt: skip
+def test_fold_a_batchnorm_without_bias(make):
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), make())
+    _train_a_little(model, (4, 3, 6, 6))
+    assert model[1].bias is None and model[1].weight is not None
+    folded = fold_batchnorm(model)
+    assert _count(folded, BN_TYPES) == 0
+    x = torch.randn(5, 3, 6, 6)
     torch.testing.assert_close(folded(x), model.eval()(x), **TOL)

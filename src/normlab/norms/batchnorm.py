@@ -56,7 +56,9 @@ class BatchNormFunction(torch.autograd.Function):
         xhat = (x - channel_view(mean, x.dim())) * channel_view(invstd, x.dim())  # acc dtype
         y = xhat
         if weight is not None:
-            y = xhat * channel_view(weight, x.dim()) + channel_view(bias, x.dim())
+            y = xhat * channel_view(weight, x.dim())
+        if bias is not None:
+            y = y + channel_view(bias, x.dim())
         ctx.save_for_backward(xhat, invstd, weight)
         ctx.n = n
         var_unbiased = (var64 * (n / (n - 1))).to(acc)
@@ -120,8 +122,12 @@ class BatchNorm(RunningStatsNorm):
         impl: str = "fast",
         sync: bool = False,
         ghost_batch: int | None = None,
+        *,
+        bias: bool = True,
     ) -> None:
-        super().__init__(num_features, eps, momentum, affine, track_running_stats, impl, sync)
+        super().__init__(
+            num_features, eps, momentum, affine, track_running_stats, impl, sync, bias=bias
+        )
         if ghost_batch is not None:
             check_positive_int(self.family, "ghost_batch", ghost_batch)
             if sync:
@@ -164,7 +170,7 @@ class BatchNorm(RunningStatsNorm):
 
     def _ghosting(self, x: torch.Tensor) -> bool:
         """Whether this call normalises each ghost batch by its own statistics."""
-        if self.ghost_batch is None or not self._use_batch_stats():
+        if self.ghost_batch is None or not self._use_batch_stats() or x.numel() == 0:
             return False
         return x.shape[:1] != (self.ghost_batch,)  # N == ghost_batch is plain BN
 
@@ -196,7 +202,9 @@ class BatchNorm(RunningStatsNorm):
         var, mean = torch.var_mean(xs, dims, correction=0, keepdim=True)
         y = (xs - mean) * torch.rsqrt(var + self.eps)
         if self.weight is not None:
-            y = y * channel_view(self.weight, x.dim()) + channel_view(self.bias, x.dim())
+            y = y * channel_view(self.weight, x.dim())
+        if self.bias is not None:
+            y = y + channel_view(self.bias, x.dim())
         return y.flatten(0, 1).to(x.dtype), mean, var * (n / (n - 1))
 
     def _fast(self, x: torch.Tensor, factor: float) -> torch.Tensor:

@@ -77,7 +77,9 @@ def _fold_into(layer: nn.Module, bn: nn.Module) -> None:
     shift = -bn.running_mean.to(acc) * scale
     if bn.weight is not None:
         scale = scale * bn.weight
-        shift = shift * bn.weight + bn.bias
+        shift = shift * bn.weight
+    if bn.bias is not None:  # None also with affine=True, bias=False (torch's `bias` keyword)
+        shift = shift + bn.bias
     bias = layer.bias if layer.bias is not None else torch.zeros_like(scale)
     layer.weight.mul_(scale.view(-1, *([1] * (layer.weight.dim() - 1))))
     layer.bias = nn.Parameter((bias * scale + shift).to(layer.weight.dtype))

@@ -16,7 +16,10 @@ from normlab.norms.standardize import GroupStandardize
 
 
 class GroupNorm(Norm):
-    """Group normalization over (N, C, *): C split into `num_groups` groups of C / G channels."""
+    """Group normalization over (N, C, *): C split into `num_groups` groups of C / G channels.
+
+    `bias=False` (with affine=True) learns the weight only, as torch's `bias` keyword.
+    """
 
     family = "groupnorm"
 
@@ -28,6 +31,8 @@ class GroupNorm(Norm):
         affine: bool = True,
         impl: str = "fast",
         sync: bool = False,
+        *,
+        bias: bool = True,
     ) -> None:
         super().__init__(impl, sync)
         self.num_features = check_positive_int(self.family, "num_features", num_features)
@@ -38,7 +43,7 @@ class GroupNorm(Norm):
             )
         self.eps = check_eps(self.family, eps)
         self.affine = affine
-        self._init_affine((num_features,), affine, affine)
+        self._init_affine((num_features,), affine, affine and bias)
 
     def extra_repr(self) -> str:
         return (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from normlab.norms.base import NormConfigError, check_positive_int
 from normlab.norms.running import RunningStatsNorm
 
 
@@ -15,6 +16,10 @@ class InstanceNorm(RunningStatsNorm):
     per-instance statistics averaged over the batch. Unlike torch, which leaves them unchanged
     when momentum is None and never counts num_batches_tracked, momentum=None gives the
     cumulative average and num_batches_tracked counts training steps, as in BatchNorm.
+
+    `spatial_dims` (torch's InstanceNorm1d/2d/3d: 1/2/3) fixes the input's rank: (N, C, *spatial)
+    or, as torch accepts, one unbatched sample (C, *spatial) with that many spatial dims. None
+    takes a batched input with any number of spatial dims (an unbatched one would be ambiguous).
     """
 
     family = "instancenorm"
@@ -30,8 +35,31 @@ class InstanceNorm(RunningStatsNorm):
         track_running_stats: bool = False,
         impl: str = "fast",
         sync: bool = False,
+        *,
+        bias: bool = True,
+        spatial_dims: int | None = None,
     ) -> None:
-        super().__init__(num_features, eps, momentum, affine, track_running_stats, impl, sync)
+        super().__init__(
+            num_features, eps, momentum, affine, track_running_stats, impl, sync, bias=bias
+        )
+        if spatial_dims is not None:
+            check_positive_int(self.family, "spatial_dims", spatial_dims)
+        self.spatial_dims = spatial_dims
+
+    def extra_repr(self) -> str:
+        dims = "" if self.spatial_dims is None else f", spatial_dims={self.spatial_dims}"
+        return super().extra_repr() + dims
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k = self.spatial_dims
+        if k is not None and x.dim() == k + 1:  # one unbatched sample: a batch of one
+            return super().forward(x.unsqueeze(0)).squeeze(0)
+        if k is not None and x.dim() != k + 2:
+            raise NormConfigError(
+                f"{self.family} with spatial_dims={k} needs an input (N, C, *spatial) or "
+                f"(C, *spatial) with {k} spatial dims, got input of shape {tuple(x.shape)}"
+            )
+        return super().forward(x)
 
     def _reduce_dims(self, x: torch.Tensor) -> tuple[int, ...]:
         return tuple(range(2, x.dim()))

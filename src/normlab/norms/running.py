@@ -25,6 +25,7 @@ class RunningStatsNorm(Norm):
     the running variance is updated with the unbiased (Bessel, n / (n - 1)) one, weighted by
     `momentum`, or by 1 / num_batches_tracked (a cumulative average) when momentum is None.
     Eval with tracked statistics normalises with running_mean and running_var.
+    `bias=False` (with affine=True) learns the weight only, as torch's `bias` keyword.
     """
 
     _min_dim = 2  # input dims needed
@@ -39,6 +40,7 @@ class RunningStatsNorm(Norm):
         track_running_stats: bool,
         impl: str,
         sync: bool,
+        bias: bool = True,
     ) -> None:
         super().__init__(impl, sync)
         self.num_features = check_positive_int(self.family, "num_features", num_features)
@@ -51,7 +53,7 @@ class RunningStatsNorm(Norm):
         self.momentum = momentum
         self.affine = affine
         self.track_running_stats = track_running_stats
-        self._init_affine((num_features,), affine, affine)
+        self._init_affine((num_features,), affine, affine and bias)
         if track_running_stats:
             self.register_buffer("running_mean", torch.zeros(num_features))
             self.register_buffer("running_var", torch.ones(num_features))
@@ -99,7 +101,7 @@ class RunningStatsNorm(Norm):
         self._check_channels(x, self.num_features, self._min_dim)
         if self._use_batch_stats():
             values = math.prod(x.shape[d] for d in self._reduce_dims(x))
-            if values <= 1:
+            if values == 1:  # 0: an empty input, which gives an empty output
                 mode = "in training" if self.training else "without running statistics"
                 raise NormConfigError(
                     f"{self.family} {mode} needs more than 1 value per {self._stat_unit}, "
@@ -111,6 +113,10 @@ class RunningStatsNorm(Norm):
     def _natural_forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
         factor = self._momentum_for_step()
+        if x.numel() == 0 and not self._syncing():
+            # as torch's BatchNorm: an empty output (zero parameter gradients), the step counted
+            # in num_batches_tracked, the running statistics unchanged (no values to update with)
+            return self._normalize(x, x.new_zeros(()), x.new_ones(()))
         if self.impl == "fast" and not self._syncing():
             return self._fast(x, factor)
         if not self._use_batch_stats():
