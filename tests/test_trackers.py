@@ -1,14 +1,90 @@
-"""Trackers: every logger writes its files; several at once; wandb offline and grouped."""
+"""Trackers: every logger writes its files; several at once; wandb offline and grouped; a run
+that finishes, fails, diverges or is killed ends so in MLflow and wandb."""
 
 from __future__ import annotations
 
 import csv
+import os
+import signal
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from unittest import mock
 
+import lightning.pytorch as pl
+import pytest
 import yaml
 from conftest import REPO, TINY
 from test_train import run_cli
 
 from normlab import loggers
+
+TRACKERS = ["logger=[wandb,mlflow]", "batch=16", *TINY]
+
+
+class Interrupt(pl.Callback):
+    """At `hook` (a callback hook, never in the sanity check) raise RuntimeError, or with
+    `signame` (SIGTERM, SIGINT) send that signal to this process. A run gets it as
+    +callbacks.interrupt._target_=test_trackers.Interrupt (this directory on PYTHONPATH)."""
+
+    def __init__(self, hook: str, signame: str | None = None):
+        self.signame = signame
+        setattr(self, hook, self.interrupt)
+
+    def interrupt(self, trainer: pl.Trainer, *args, **kwargs) -> None:
+        if trainer.sanity_checking:
+            return
+        if self.signame is None:
+            raise RuntimeError("injected failure")
+        if self.signame == "SIGINT":  # as in a terminal (a background job may ignore SIGINT)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.kill(os.getpid(), getattr(signal, self.signame))
+
+
+def interrupt(hook: str, signame: str | None = None) -> list[str]:
+    """The overrides that add Interrupt(hook, signame) to a run's callbacks."""
+    keys = {"_target_": "test_trackers.Interrupt", "hook": hook, "signame": signame}
+    return [f"+callbacks.interrupt.{k}={v}" for k, v in keys.items() if v is not None]
+
+
+def mlflow_status(run_dir: Path) -> str:
+    """The status of the one MLflow run in the run dir's local store (FINISHED, FAILED, ...)."""
+    from mlflow import MlflowClient
+
+    with mock.patch.dict(os.environ, {"MLFLOW_ALLOW_FILE_STORE": "true"}):  # as mlflow_logger
+        client = MlflowClient(tracking_uri=f"file:{run_dir / 'mlruns'}")
+        (run,) = client.search_runs([client.get_experiment_by_name("normlab").experiment_id])
+    return run.info.status
+
+
+def wandb_records(path: Path):
+    """The records of a wandb run file (run-<id>.wandb): a W&B header, then LevelDB's log format
+    (32 KiB blocks of chunks, each with a 7-byte header: checksum, length, type)."""
+    from wandb.proto.wandb_internal_pb2 import Record
+
+    block, data = 32768, path.read_bytes()
+    assert data[:4] == b":W&B"
+    pos, payload = 7, b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # too little room left for a chunk header: padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        payload += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # a full record, or the last chunk of one
+            record = Record()
+            record.ParseFromString(payload)
+            payload = b""
+            yield record
+
+
+def wandb_exit_code(run_dir: Path) -> int:
+    """The exit code the run dir's one offline wandb run ended with (its exit record)."""
+    (path,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    (code,) = [r.exit.exit_code for r in wandb_records(path) if r.HasField("exit")]
+    return code
 
 
 def test_all_trackers_at_once_in_a_multirun(tmp_path):
@@ -29,6 +105,7 @@ def test_all_trackers_at_once_in_a_multirun(tmp_path):
         assert list(wandb_run.glob("run-*.wandb"))
         mlflow_metrics = list((run / "mlruns").glob("*/*/metrics/train/loss_step"))
         assert mlflow_metrics and mlflow_metrics[0].read_text().strip()
+        assert mlflow_status(run) == "FINISHED" and wandb_exit_code(run) == 0
     # every wandb run of the sweep was finished before the next started
     logs = [p.read_text() for p in tmp_path.glob("*/wandb/debug.log")]
     assert len(logs) == 2 and all("finishing run" in text for text in logs)
@@ -91,3 +168,50 @@ def test_runs_started_in_the_same_second_get_distinct_dirs(tmp_path):
     run_dirs = [p.parent for p in tmp_path.glob("runs/*/*/.hydra")]
     assert len(run_dirs) == 3
     assert all(len(list(d.rglob("metrics.csv"))) == 1 for d in run_dirs)
+
+
+@pytest.mark.parametrize(
+    "overrides, status, mlflow, exit_code",
+    [
+        ([], "ok", "FINISHED", 0),
+        (["optim.optimizer.lr=1e30"], "diverged", "FAILED", 1),
+        (interrupt("on_train_batch_start"), "raised", "FAILED", 1),
+    ],
+    ids=["finished", "diverged", "raised"],
+)
+def test_trackers_record_a_run_that_finishes_diverges_or_raises(
+    overrides, status, mlflow, exit_code, compose, tmp_path, monkeypatch
+):
+    from normlab.run import train
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # what mlflow_logger sets, not left set
+    name = ["+logger.mlflow.run_name=run"]  # compose sets no hydra.runtime.output_dir it reads
+    cfg = compose([*TRACKERS, *name, *overrides], tmp_path)
+    if status == "raised":
+        with pytest.raises(RuntimeError, match="injected failure"):
+            train(cfg)
+    else:
+        assert train(cfg)["status"] == status
+    assert mlflow_status(tmp_path) == mlflow
+    assert wandb_exit_code(tmp_path) == exit_code
+
+
+@pytest.mark.parametrize(
+    "hook, signum",
+    [
+        ("on_train_batch_start", signal.SIGTERM),  # Lightning's handler: its loop stops
+        ("setup", signal.SIGTERM),  # before Lightning's handler is in place
+        ("on_train_batch_start", signal.SIGINT),  # Lightning's KeyboardInterrupt path
+    ],
+    ids=["SIGTERM-in-fit", "SIGTERM-in-setup", "SIGINT-in-fit"],
+)
+def test_a_run_ended_by_a_signal_is_killed_in_mlflow_and_fails_in_wandb(hook, signum, tmp_path):
+    path = [str(REPO / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}  # for Interrupt
+    cmd = [sys.executable, "train.py", *TRACKERS, *interrupt(hook, signum.name),
+           f"hydra.run.dir={tmp_path}"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 128 + signum, proc.stderr
+    assert mlflow_status(tmp_path) == "KILLED"
+    assert wandb_exit_code(tmp_path) == 128 + signum
+    assert not list(tmp_path.glob("mlruns/*/*/metrics/test"))  # stopped before test

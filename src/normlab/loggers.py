@@ -7,6 +7,7 @@ import itertools
 import netrc
 import os
 import secrets
+import signal
 import socket
 from argparse import Namespace
 from collections.abc import Sequence
@@ -23,6 +24,7 @@ from lightning.pytorch.loggers import (
 )
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 
 from normlab.errors import ConfigError
@@ -239,12 +241,33 @@ def sweep_job_name() -> str | None:
         return None
 
 
-def finish(loggers: list[Logger]) -> None:
-    """Close every tracker run so the next run of a multirun starts a fresh one."""
-    for logger in loggers:
-        logger.finalize("success")
+def killed_by(err: BaseException | None) -> int | None:
+    """The signal that ended a run with `err`: SIGINT for a KeyboardInterrupt, SIGTERM for
+    Lightning's SIGTERMException, also behind another exception (Lightning turns a
+    KeyboardInterrupt in fit into sys.exit(1)); None for any other error."""
+    seen = err
+    while seen is not None:
+        if isinstance(seen, KeyboardInterrupt):
+            return signal.SIGINT
+        if isinstance(seen, SIGTERMException):
+            return signal.SIGTERM
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def finish(loggers: list[Logger], err: BaseException | None = None, failed: bool = False) -> None:
+    """Close every tracker run (the next run of a multirun starts a fresh one) with how the run
+    ended: finished; failed (`err` an exception, or `failed`: the run diverged): MLflow FAILED,
+    wandb exit code 1; killed (`err` from SIGINT or SIGTERM, killed_by): MLflow KILLED, wandb
+    exit code 128 + the signal. Lightning itself finalizes the trackers "failed" on an exception
+    in fit or test, and "success" after both: this has the last word."""
+    signum = killed_by(err)
+    status = "failed" if failed or err is not None else "success"
+    exit_code = 0 if status == "success" else 128 + signum if signum else 1
+    for logger in loggers:  # MLFlowLogger passes a status it does not map on to MLflow
+        logger.finalize("KILLED" if signum and isinstance(logger, MLFlowLogger) else status)
         if isinstance(logger, WandbLogger):
             import wandb
 
             if wandb.run is not None:
-                wandb.finish()
+                wandb.finish(exit_code=exit_code)

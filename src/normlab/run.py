@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import random
 import re
+import signal
+import threading
 import time
 import traceback
 import zipfile
@@ -17,6 +20,7 @@ import lightning.pytorch as pl
 import torch
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -278,23 +282,60 @@ def train(cfg: DictConfig, checkpoint: dict[str, Any] | None = None) -> dict[str
     trainer = build_trainer(cfg, callbacks, trackers)
     hparams = OmegaConf.to_container(cfg, resolve=True)
     hparams["seed"] = seed
-    for tracker in trackers:
-        tracker.log_hyperparams(hparams)
 
+    status, error = "failed", None
     try:
-        trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt, weights_only=False)
-        status = getattr(task, "run_status", "ok")
-        metrics = _scalars(trainer.callback_metrics)
-        if cfg.get("test") and status == "ok" and is_overridden("test_step", task):
-            best = next(
-                (c.best_model_path for c in trainer.callbacks if isinstance(c, ModelCheckpoint)), ""
-            )
-            trainer.test(task, datamodule=datamodule, ckpt_path=best or None, weights_only=False)
-            metrics.update(_scalars(trainer.callback_metrics))
+        with _sigterm_ends_run():
+            for tracker in trackers:
+                tracker.log_hyperparams(hparams)
+            trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt, weights_only=False)
+            if trainer.received_sigterm:  # in fit's last batch: Lightning let it finish
+                raise SIGTERMException()
+            status = getattr(task, "run_status", "ok")
+            metrics = _scalars(trainer.callback_metrics)
+            if cfg.get("test") and status == "ok" and is_overridden("test_step", task):
+                metrics.update(_test(trainer, task, datamodule))
+    except BaseException as err:
+        error = err
+        signum = loggers.killed_by(err)
+        if signum and not isinstance(err, KeyboardInterrupt):  # not 0 (SIGTERMException) or 1
+            raise SystemExit(128 + signum) from err  # (Lightning's exit after a KeyboardInterrupt)
+        raise
     finally:
-        loggers.finish(trackers)
+        loggers.finish(trackers, error, failed=status != "ok")
     note = getattr(task, "run_note", "")
     return {"status": status, "note": note, "metrics": metrics, "seed": seed}
+
+
+def _test(
+    trainer: pl.Trainer, task: pl.LightningModule, datamodule: pl.LightningDataModule
+) -> dict[str, float]:
+    """Test ModelCheckpoint's best checkpoint (the final weights without one): its metrics."""
+    checkpoints = [c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)]
+    best = checkpoints[0].best_model_path if checkpoints else ""
+    trainer.test(task, datamodule=datamodule, ckpt_path=best or None, weights_only=False)
+    return _scalars(trainer.callback_metrics)
+
+
+@contextlib.contextmanager
+def _sigterm_ends_run():
+    """SIGTERM raises Lightning's SIGTERMException wherever it lands (a run's trackers end KILLED,
+    loggers.finish) instead of ending the process with its tracker runs still RUNNING. Inside
+    fit's and test's loops Lightning's own handler comes first and calls this one: there its loop
+    raises SIGTERMException at the end of the batch."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers belong to the main thread
+        return
+
+    def raise_sigterm(signum: int, frame: Any) -> None:
+        if signal.getsignal(signal.SIGTERM) is raise_sigterm:  # outside Lightning's loops
+            raise SIGTERMException()
+
+    before = signal.signal(signal.SIGTERM, raise_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def _scalars(metrics: dict[str, torch.Tensor]) -> dict[str, float]:
