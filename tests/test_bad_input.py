@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, TINY
 
-from normlab.norms import available_norms, create_norm
+from normlab.norms import available_norms, create_norm, norm_keywords
 from normlab.norms.base import NormConfigError
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -24,7 +24,7 @@ DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 CASES = [
     ("unknown norm", ["norm=nope"], ["norm/nope", "batchnorm", "groupnorm"]),
     ("unknown placement", ["model=transformer", "placement=nope"], ["placement/nope", "deepnorm"]),
-    ("unknown model", ["model=resnet9000"], ["model/resnet9000", "lenet", "transformer"]),
+    ("unknown model", ["model=resnet9000"], ["model/resnet9000", "lenet", "transformer", "lstm"]),
     ("unknown experiment", ["experiment=nope"], ["experiment/nope", "dit"]),
     ("batch zero", ["batch=0"], ["batch must be a positive integer, got 0"]),
     ("batch negative", ["batch=-4"], ["batch must be a positive integer, got -4"]),
@@ -108,6 +108,12 @@ ONE_LINE = [
      r"error: model=transformer does not train on data=fashion_mnist: it takes data=shakespeare"),
     ("lenet on text", ["model=lenet", "data=shakespeare"],
      r"error: model=lenet does not train on data=shakespeare: it takes data=fashion_mnist"),
+    ("lstm on images", ["model=lstm", "data=fashion_mnist"],
+     r"error: model=lstm does not train on data=fashion_mnist: it takes data=shakespeare"),
+    ("batchnorm in the lstm", ["model=lstm", "norm=batchnorm"],
+     r"error: norm=batchnorm cannot be used in model=lstm \(layer layers\.0\.norm_x, 1024 "
+     r"features\): an LSTM normalizes each sample's own features at every time step .* use one "
+     r"of (\w+, )*layernorm, none, prmsnorm, rmsnorm"),
     ("placement on a model without residual blocks", ["placement=post"],
      r"error: placement=post has no effect on model=lenet: placement applies only to the "
      r"Transformer models whose residual blocks read it \(model=transformer\)"),
@@ -116,6 +122,12 @@ ONE_LINE = [
      r"batch\*heads\*ctx\^2\*4 = 64\*4\*100000\^2\*4 = 9536\.7 GiB, activations .* GiB\) "
      r"but \d+\.\d GiB of memory is available \(MemAvailable\): lower the batch or the "
      r"model's size \(model\.net\.ctx, \.\.\.\)"),
+    ("GPT QK-norm that is not one", ["model=transformer", "model.net.qk_norm=batchnorm"],
+     r"error: model\.net\.qk_norm='batchnorm' is not a QK-norm; valid: layernorm, rmsnorm or "
+     r"null \(none\)"),
+    ("DiT QK-norm that is not one", ["experiment=dit", "model.net.qk_norm=ln2"],
+     r"error: model\.net\.qk_norm='ln2' is not a QK-norm; valid: layernorm, rmsnorm or "
+     r"null \(none\)"),
 ]  # fmt: skip
 
 
@@ -218,7 +230,7 @@ def test_bad_input_fails_before_training(case, args, words, tmp_path):
 
 
 @pytest.mark.parametrize("eps", [0, 0.0, -1e-5, math.nan, math.inf])
-@pytest.mark.parametrize("name", [n for n in available_norms() if n != "none"])
+@pytest.mark.parametrize("name", [n for n in available_norms() if "eps" in norm_keywords(n)])
 def test_every_norm_family_rejects_an_eps_that_is_not_finite_and_positive(name, eps):
     kwargs = {"num_groups": 2} if name == "groupnorm" else {}
     with pytest.raises(NormConfigError, match=f"eps must be a finite number > 0, got {eps!r}"):

@@ -10,8 +10,8 @@ from conftest import TINY
 from hydra.utils import instantiate
 from test_train import metrics_rows
 
-from normlab.callbacks.norm_stats import NormStats
-from normlab.norms import Norm
+from normlab.callbacks.norm_stats import NormStats, default_layers
+from normlab.norms import DyT, Norm
 from normlab.norms.adaptive import AdaptiveNorm
 from normlab.run import train
 
@@ -26,8 +26,8 @@ class Recorder:
         self.metrics.update(metrics)
 
 
-def hooked_layers(task: torch.nn.Module, callback: NormStats | None = None) -> set[str]:
-    """The layers NormStats (default: its default layers) reports after one forward pass."""
+def logged(task: torch.nn.Module, callback: NormStats | None = None) -> dict[str, float]:
+    """The metrics NormStats (default: of its default layers) logs after one forward pass."""
     callback = callback or NormStats(every_n_steps=1)
     recorder = Recorder()
     callback.on_fit_start(SimpleNamespace(), task)
@@ -37,7 +37,12 @@ def hooked_layers(task: torch.nn.Module, callback: NormStats | None = None) -> s
     trainer = SimpleNamespace(global_step=1, loggers=[recorder])
     callback.on_train_batch_end(trainer, task, None, None, 0)
     assert len(callback._modules) == len({k.split("/")[1] for k in recorder.metrics})
-    return {key.split("/")[1] for key in recorder.metrics}
+    return recorder.metrics
+
+
+def hooked_layers(task: torch.nn.Module, callback: NormStats | None = None) -> set[str]:
+    """The layers NormStats (default: its default layers) reports after one forward pass."""
+    return {key.split("/")[1] for key in logged(task, callback)}
 
 
 def test_dit_hooks_each_adaptive_norm_once_and_no_placeholder(compose, tmp_path):
@@ -63,7 +68,9 @@ def test_lenet_hooks_its_four_norms(compose, tmp_path):
     }  # fmt: skip
 
 
-@pytest.mark.parametrize("model", [["model=lenet"], ["model=transformer"], ["experiment=dit"]])
+@pytest.mark.parametrize(
+    "model", [["model=lenet"], ["model=transformer"], ["model=lstm"], ["experiment=dit"]]
+)
 def test_norm_none_hooks_nothing(model, compose, tmp_path):
     task = instantiate(compose([*model, "norm=none"], tmp_path).model)
     assert hooked_layers(task) == set()
@@ -81,3 +88,37 @@ def test_a_norm_none_run_logs_no_norm_stats(compose, tmp_path):
     columns = set(metrics_rows(tmp_path)[0])
     assert "train/loss_step" in columns
     assert not any(c.startswith(("norm/", "preact/")) for c in columns)
+
+
+@pytest.mark.parametrize("model", [["model=transformer"], ["experiment=dit"]])
+def test_each_dyt_layer_logs_its_own_alpha(model, compose, tmp_path):
+    task = instantiate(compose([*model, "norm=dyt"], tmp_path).model)
+    layers = default_layers(task)
+    assert len(layers) == 9  # 4 blocks x 2 + the final norm (GPT: DyT, DiT: adaLN over DyT)
+    expected = {}
+    for i, layer in enumerate(layers):
+        module = task.get_submodule(layer)
+        dyt = module.norm if isinstance(module, AdaptiveNorm) else module
+        assert isinstance(dyt, DyT)
+        with torch.no_grad():
+            dyt.alpha.fill_(0.25 + i / 8)  # a different alpha in each layer
+        expected[f"norm/{layer}/alpha"] = 0.25 + i / 8
+    metrics = logged(task)
+    assert {k: v for k, v in metrics.items() if k.endswith("/alpha")} == expected
+    assert {f"norm/{layer}/out_std" for layer in layers} <= set(metrics)  # and the usual stats
+
+
+def test_layers_without_dyt_log_no_alpha(compose, tmp_path):
+    task = instantiate(compose(["model=transformer"], tmp_path).model)  # layernorm
+    metrics = logged(task)
+    assert len(metrics) == 9 * 7 and not any(k.endswith("/alpha") for k in metrics)
+
+
+def test_a_dyt_run_logs_alpha_at_each_step(compose, tmp_path):
+    overrides = ["model=transformer", "norm=dyt", "batch=8", *TINY]
+    train(compose(overrides, tmp_path))
+    rows = [r for r in metrics_rows(tmp_path) if r.get("norm/net.final_norm/alpha")]
+    assert [r["step"] for r in rows] == ["0", "1"]  # every step of the two
+    layers = {c.split("/")[1] for c in rows[0] if c.startswith("norm/") and c.endswith("/alpha")}
+    assert len(layers) == 9
+    assert float(rows[0]["norm/net.final_norm/alpha"]) == 0.5  # the forward of step 0: alpha0

@@ -25,6 +25,8 @@ from normlab.norms import (
 def test_available_norms_sorted():
     expected = [
         "batchnorm",
+        "batchrenorm",
+        "dyt",
         "groupnorm",
         "instancenorm",
         "layernorm",
@@ -61,7 +63,7 @@ def test_names_are_normalised(name, cls):
 
 
 def test_unknown_name_lists_valid_names():
-    with pytest.raises(NormConfigError, match="unknown norm 'weightnorm'.*batchnorm, groupnorm"):
+    with pytest.raises(NormConfigError, match="unknown norm 'weightnorm'.*batchnorm, .*dyt, gr"):
         create_norm("weightnorm", 4)
 
 

@@ -124,7 +124,8 @@ def train_args(args: list[str], tmp: Path) -> list[str]:
     """A train.py command's overrides, shrunk: a key the command sets keeps its value, except a
     sweep's number of trials."""
     text = " ".join(args)
-    kind = "dit" if "dit" in text else "transformer" if "transformer" in text else "lenet"
+    lm = "transformer" in text or "lstm" in text  # the language models: data.* budgets
+    kind = "dit" if "dit" in text else "transformer" if lm else "lenet"
     keys = {a.split("=")[0] for a in args if "=" in a}
     options = [o for o in SHRINK[kind] if o.split("=")[0] not in keys]
     multirun = "-m" in args or "hparams_search=" in text

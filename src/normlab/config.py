@@ -20,6 +20,7 @@ MODEL_DATA = {
     "mlp": ("fashion_mnist",),
     "dit": ("fashion_mnist",),
     "transformer": ("shakespeare",),
+    "lstm": ("shakespeare",),
 }
 DEFAULT_PLACEMENT = "pre"  # conf/train.yaml's placement; a model reads it when its config
 # interpolates ${placement} (the Transformer's residual blocks)

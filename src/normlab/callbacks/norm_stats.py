@@ -5,6 +5,8 @@ normalizes, once; see `default_layers`), logs
   norm/<layer>/in_mean, in_std    mean and std of the norm's input
   norm/<layer>/out_mean, out_std  the same for its output (the pre-activation)
   preact/<layer>/p15, p50, p85    percentiles of the pre-activation of one unit (channel `unit`)
+  norm/<layer>/alpha              for a DyT layer (or an adaptive norm over one): its scalar alpha,
+                                  the value the forward pass used
 and with `all_units=True` also, for every unit k (index along dim 1: a channel or feature),
   preact/<layer>/u<k:03d>/p15, p50, p85   its percentiles over all other dims of the batch
 (one torch.quantile call per layer; 3 metrics per unit, so 300 columns for a 100-unit layer).
@@ -17,6 +19,9 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from torch import nn
+
+from normlab.norms.adaptive import AdaptiveNorm
+from normlab.norms.dyt import DyT
 
 QUANTILES = torch.tensor([0.15, 0.50, 0.85])
 
@@ -45,6 +50,13 @@ def default_layers(model: nn.Module) -> list[str]:
     return [prefix + name for name in found]
 
 
+def dyt_of(module: nn.Module) -> DyT | None:
+    """The DyT a norm layer is or adapts (an adaLN over DyT), else None."""
+    if isinstance(module, AdaptiveNorm):
+        module = module.norm
+    return module if isinstance(module, DyT) else None
+
+
 def unit_percentiles(y: torch.Tensor) -> torch.Tensor:
     """(units, 3): the 15/50/85th percentiles of each unit (dim 1) of y over all its other dims."""
     per_unit = y.transpose(0, 1).reshape(y.shape[1], -1)  # (C, N * ...)
@@ -68,14 +80,18 @@ class NormStats(pl.Callback):
         self._handles: list[Any] = []
         self._stats: dict[str, torch.Tensor] = {}
         self._unit_stats: dict[str, torch.Tensor] = {}  # layer -> (units, 3) percentiles
+        self._alphas: dict[str, float] = {}  # layer -> alpha of its DyT
 
     def _record(self, name: str):
-        def hook(_module: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
+        def hook(module: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
             out = out[0] if isinstance(out, tuple) else out  # adaLN-Zero returns (h, gate)
             x, y = args[0].detach().float(), out.detach().float()
             unit = y.select(1, self.unit) if y.ndim > 1 else y  # channel/feature `unit`
             q = torch.quantile(unit.flatten(), QUANTILES.to(unit.device))
             self._stats[name] = torch.stack([x.mean(), x.std(), y.mean(), y.std(), *q])
+            dyt = dyt_of(module)
+            if dyt is not None:
+                self._alphas[name] = float(dyt.alpha.detach())
             if self.all_units and y.ndim > 1:
                 self._unit_stats[name] = unit_percentiles(y)
 
@@ -108,6 +124,8 @@ class NormStats(pl.Callback):
             for k, values in enumerate(units.tolist()):
                 for key, value in zip(("p15", "p50", "p85"), values, strict=True):
                     metrics[f"preact/{name}/u{k:03d}/{key}"] = value
+        for name, alpha in self._alphas.items():
+            metrics[f"norm/{name}/alpha"] = alpha
         # straight to the trackers, at the step they were measured: through self.log they
         # would wait for Lightning's next flush (every log_every_n_steps)
         if metrics:
@@ -115,3 +133,4 @@ class NormStats(pl.Callback):
                 logger.log_metrics(metrics, step=trainer.global_step - 1)
         self._stats = {}
         self._unit_stats = {}
+        self._alphas = {}

@@ -16,7 +16,9 @@ guidance). `conditioning` picks how the blocks see it:
 
 The norms come from the registry (`norm`: the composed norm config); they must normalise the
 last (feature) axis of (B, T, D) tokens. `norm_eps` (DiT's 1e-6, as its LayerNorms) replaces
-the norm config's eps in every norm the model builds; None keeps the config's.
+the norm config's eps in every norm the model builds; None keeps the config's. `qk_norm`
+(layernorm | rmsnorm | None, normlab.norms.qknorm) normalizes each head's queries and keys over
+head_dim in every attention (self- and cross-), with norm_eps as their eps too.
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ from torch import nn
 from normlab.errors import ConfigError
 from normlab.norms import NormConfigError, norm_from_config, norm_keywords
 from normlab.norms.adaptive import AdaLN, AdaLNZero, AdaptiveNorm, as_norm_config
+from normlab.norms.qknorm import check_qk_norm, create_qk_norm
 
 CONDITIONINGS = ("adaln_zero", "adaln", "cross_attn", "in_context")
-TOKEN_NORMS = ("layernorm", "rmsnorm", "prmsnorm", "none")  # norms over the last axis
+TOKEN_NORMS = ("layernorm", "rmsnorm", "prmsnorm", "dyt", "none")  # per token, last axis
 
 # ---------------------------------------------------------------------------------------------
 # Model zoo: hidden size D, depth, heads, patch size p. "tiny" trains on a laptop CPU on 28x28
@@ -117,20 +120,30 @@ class LabelEmbedder(nn.Module):
 
 
 class CrossAttention(nn.Module):
-    """Multi-head attention of the tokens x (B, N, D) to the condition tokens ctx (B, M, D)."""
+    """Multi-head attention of the tokens x (B, N, D) to the condition tokens ctx (B, M, D);
+    q_norm/k_norm normalize each head's queries/keys (nn.Identity: no QK-norm)."""
 
-    def __init__(self, dim: int, num_heads: int) -> None:
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        q_norm: nn.Module | None = None,
+        k_norm: nn.Module | None = None,
+    ) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.q = nn.Linear(dim, dim)
         self.kv = nn.Linear(dim, 2 * dim)
         self.proj = nn.Linear(dim, dim)
+        self.q_norm = q_norm if q_norm is not None else nn.Identity()
+        self.k_norm = k_norm if k_norm is not None else nn.Identity()
 
     def forward(self, x: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
         B, N, D = x.shape
         H = self.num_heads
         q = self.q(x).view(B, N, H, D // H).transpose(1, 2)  # (B, H, N, D/H)
         k, v = self.kv(ctx).view(B, -1, 2, H, D // H).permute(2, 0, 3, 1, 4)  # (B, H, M, D/H)
+        q, k = self.q_norm(q), self.k_norm(k)  # QK-norm over D/H (identities without it)
         out = F.scaled_dot_product_attention(q, k, v)  # (B, H, N, D/H)
         return self.proj(out.transpose(1, 2).reshape(B, N, D))  # (B, N, D)
 
@@ -164,15 +177,27 @@ class DiTBlock(nn.Module):
         mlp_ratio: float,
         conditioning: str,
         norm: Mapping[str, Any],
+        qk_norm: str | None = None,
+        qk_norm_kw: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         D = hidden_size
+
+        def qk(dim: int, **_: Any) -> nn.Module:  # timm's norm_layer(head_dim, device=, dtype=)
+            return create_qk_norm(qk_norm, dim, **(qk_norm_kw or {}))
+
         self.norm1 = make_norm(conditioning, norm, D, D)
-        self.attn = Attention(D, num_heads=num_heads, qkv_bias=True)
+        if qk_norm is None:  # timm's Attention as before: q_norm, k_norm are nn.Identity
+            self.attn = Attention(D, num_heads=num_heads, qkv_bias=True)
+        else:  # timm normalizes each head's q, k over head_dim with norm_layer's modules
+            self.attn = Attention(
+                D, num_heads=num_heads, qkv_bias=True, qk_norm=True, norm_layer=qk
+            )
         self.cross_attn = None
         if conditioning == "cross_attn":
             self.norm_cross = norm_from_config(norm, D)
-            self.cross_attn = CrossAttention(D, num_heads)
+            heads = (qk(D // num_heads), qk(D // num_heads)) if qk_norm else (None, None)
+            self.cross_attn = CrossAttention(D, num_heads, *heads)
         self.norm2 = make_norm(conditioning, norm, D, D)
         self.mlp = Mlp(D, int(D * mlp_ratio), act_layer=partial(nn.GELU, approximate="tanh"))
 
@@ -227,8 +252,10 @@ class DiT(nn.Module):
         num_heads: int | None = None,
         patch_size: int | None = None,
         norm_eps: float | None = 1e-6,
+        qk_norm: str | None = None,
     ) -> None:
         super().__init__()
+        qk_norm = check_qk_norm(qk_norm)  # layernorm | rmsnorm | None
         if size not in DIT_SIZES:
             raise ConfigError(f"dit: size={size!r} is not one of {list(DIT_SIZES)}")
         if conditioning not in CONDITIONINGS:
@@ -271,8 +298,9 @@ class DiT(nn.Module):
         self.register_buffer("pos_embed", sincos_2d(D, self.grid_size)[None], persistent=False)
         self.t_embedder = TimestepEmbedder(D)
         self.y_embedder = LabelEmbedder(num_classes, D, class_dropout)
+        qk_kw = {} if norm_eps is None else {"eps": norm_eps}
         self.blocks = nn.ModuleList(
-            DiTBlock(D, shape["num_heads"], mlp_ratio, conditioning, norm)
+            DiTBlock(D, shape["num_heads"], mlp_ratio, conditioning, norm, qk_norm, qk_kw)
             for _ in range(shape["depth"])
         )
         self.final_layer = FinalLayer(D, p * p * in_channels, conditioning, norm)

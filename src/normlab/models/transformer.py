@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from normlab.errors import ConfigError
+from normlab.norms.qknorm import check_qk_norm, create_qk_norm
 from normlab.norms.residual import (
     create_residual,
     deepnorm_constants,
@@ -32,15 +33,21 @@ MLP_RATIO = 4  # hidden width of the MLP / d_model
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention with separate q, k, v projections."""
+    """Multi-head causal self-attention with separate q, k, v projections; `qk_norm` (layernorm |
+    rmsnorm | None) normalizes each head's queries and keys over head_dim (normlab.norms.qknorm).
+    """
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float) -> None:
+    def __init__(
+        self, d_model: int, n_heads: int, dropout: float, qk_norm: str | None = None
+    ) -> None:
         super().__init__()
         self.n_heads = n_heads
         self.q_proj = nn.Linear(d_model, d_model)
         self.k_proj = nn.Linear(d_model, d_model)
         self.v_proj = nn.Linear(d_model, d_model)
         self.out_proj = nn.Linear(d_model, d_model)
+        self.q_norm = create_qk_norm(qk_norm, d_model // n_heads)  # nn.Identity for None
+        self.k_norm = create_qk_norm(qk_norm, d_model // n_heads)
         self.attn_dropout = dropout
         self.resid_dropout = nn.Dropout(dropout)
 
@@ -50,8 +57,8 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, D = x.shape
-        q = self._heads(self.q_proj(x))  # (B, H, T, D/H)
-        k = self._heads(self.k_proj(x))  # (B, H, T, D/H)
+        q = self.q_norm(self._heads(self.q_proj(x)))  # (B, H, T, D/H)
+        k = self.k_norm(self._heads(self.k_proj(x)))  # (B, H, T, D/H)
         v = self._heads(self.v_proj(x))  # (B, H, T, D/H)
         p = self.attn_dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)  # (B, H, T, D/H)
@@ -88,10 +95,11 @@ class Block(nn.Module):
         dropout: float,
         placement: str,
         norm: Mapping[str, Any],
+        qk_norm: str | None = None,
         **residual_kw: Any,
     ) -> None:
         super().__init__()
-        attn = CausalSelfAttention(d_model, n_heads, dropout)
+        attn = CausalSelfAttention(d_model, n_heads, dropout, qk_norm)
         mlp = MLP(d_model, dropout)
         self.attn = create_residual(placement, attn, d_model, norm, **residual_kw)
         self.mlp = create_residual(placement, mlp, d_model, norm, **residual_kw)
@@ -121,6 +129,7 @@ class GPT(nn.Module):
         ctx: int | None = None,
         dropout: float | None = None,
         tie_weights: bool = True,
+        qk_norm: str | None = None,
     ) -> None:
         super().__init__()
         if size not in ZOO:
@@ -141,6 +150,7 @@ class GPT(nn.Module):
         self.vocab_size, self.depth, self.d_model = vocab_size, shape["depth"], shape["d_model"]
         self.n_heads, self.ctx, self.dropout = shape["n_heads"], shape["ctx"], shape["dropout"]
         self.placement = placement_class(placement["name"]).name
+        self.qk_norm = check_qk_norm(qk_norm)  # layernorm | rmsnorm | None
 
         residual_kw: dict[str, Any] = {}
         self.deepnorm_beta: float | None = None
@@ -159,7 +169,7 @@ class GPT(nn.Module):
         self.pos_emb = nn.Embedding(self.ctx, D)
         self.emb_dropout = nn.Dropout(self.dropout)
         self.blocks = nn.ModuleList(
-            Block(D, self.n_heads, self.dropout, self.placement, norm, **residual_kw)
+            Block(D, self.n_heads, self.dropout, self.placement, norm, self.qk_norm, **residual_kw)
             for _ in range(self.depth)
         )
         needs_final = placement_class(self.placement).needs_final_norm

@@ -2,6 +2,8 @@
 
 from normlab.norms.base import NoNorm, Norm, NormConfigError
 from normlab.norms.batchnorm import BatchNorm, BatchNormFunction
+from normlab.norms.batchrenorm import BatchRenorm
+from normlab.norms.dyt import DyT, DyTFunction
 from normlab.norms.fold import fold_batchnorm
 from normlab.norms.groupnorm import GroupNorm
 from normlab.norms.instancenorm import InstanceNorm
@@ -18,6 +20,9 @@ from normlab.norms.rmsnorm import PRMSNorm, RMSNorm, RMSNormFunction
 __all__ = [
     "BatchNorm",
     "BatchNormFunction",
+    "BatchRenorm",
+    "DyT",
+    "DyTFunction",
     "GroupNorm",
     "InstanceNorm",
     "LayerNorm",

@@ -33,7 +33,9 @@ AFFINE_KEYS = {
     "layernorm": "elementwise_affine",
     "rmsnorm": "elementwise_affine",
     "prmsnorm": "elementwise_affine",
+    "dyt": "elementwise_affine",  # weight and bias off; alpha stays
     "batchnorm": "affine",
+    "batchrenorm": "affine",
     "groupnorm": "affine",
     "instancenorm": "affine",
 }

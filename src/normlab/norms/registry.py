@@ -9,6 +9,8 @@ from torch import nn
 
 from normlab.norms.base import NoNorm, NormConfigError
 from normlab.norms.batchnorm import BatchNorm
+from normlab.norms.batchrenorm import BatchRenorm
+from normlab.norms.dyt import DyT
 from normlab.norms.groupnorm import GroupNorm
 from normlab.norms.instancenorm import InstanceNorm
 from normlab.norms.layernorm import LayerNorm
@@ -16,6 +18,8 @@ from normlab.norms.rmsnorm import PRMSNorm, RMSNorm
 
 _NORMS: dict[str, type[nn.Module]] = {
     "batchnorm": BatchNorm,
+    "batchrenorm": BatchRenorm,
+    "dyt": DyT,
     "groupnorm": GroupNorm,
     "instancenorm": InstanceNorm,
     "layernorm": LayerNorm,
@@ -25,12 +29,14 @@ _NORMS: dict[str, type[nn.Module]] = {
 }
 _ALIASES = {
     "bn": "batchnorm",
+    "brn": "batchrenorm",
     "gn": "groupnorm",
     "in": "instancenorm",
     "ln": "layernorm",
     "rms": "rmsnorm",
     "prms": "prmsnorm",
     "identity": "none",
+    "dynamictanh": "dyt",
 }
 # families that normalise over spatial positions, so need inputs with dims beyond (N, C)
 _SPATIAL = {"instancenorm"}

@@ -6,11 +6,12 @@
     sandwich  x_{l+1} = x + Norm(F(Norm(x)))            (Ding et al. 2021, CogView; final norm)
     none      x_{l+1} = x + F(x)                        (no norm anywhere: the ablation)
 
-Only norms that normalise each token over its last dim (layernorm, rmsnorm, prmsnorm, none) can
-sit in a placement. BatchNorm, GroupNorm and InstanceNorm of a (B, T, D) stream would take their
-statistics across positions (after a transpose to (B, D, T)), so in a causal language model a
-token's output would depend on later tokens: they are rejected with an error naming the norm and
-the placement rather than supported through a transpose.
+Only norms that normalise each token over its last dim (layernorm, rmsnorm, prmsnorm, none), or
+act on each token alone (dyt: elementwise), can sit in a placement. BatchNorm, GroupNorm and
+InstanceNorm of a (B, T, D) stream would take their statistics across positions (after a
+transpose to (B, D, T)), so in a causal language model a token's output would depend on later
+tokens: they are rejected with an error naming the norm and the placement rather than supported
+through a transpose.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from normlab.norms import LayerNorm, NoNorm, NormConfigError, RMSNorm, norm_from_config
+from normlab.norms import DyT, LayerNorm, NoNorm, NormConfigError, RMSNorm, norm_from_config
 
 DEEPNORM_ARCHS = ("encoder", "decoder", "encoder_decoder")
 
-TOKENWISE = (LayerNorm, RMSNorm, NoNorm)  # normalise each token over its features (PRMSNorm too)
+# act on each token over its own features only (PRMSNorm too; DyT elementwise)
+TOKENWISE = (LayerNorm, RMSNorm, DyT, NoNorm)
 
 
 def tokenwise_norm(norm_cfg: Mapping[str, Any], d_model: int, placement: str) -> nn.Module:
@@ -37,7 +39,8 @@ def tokenwise_norm(norm_cfg: Mapping[str, Any], d_model: int, placement: str) ->
         raise NormConfigError(
             f"norm={name} cannot sit in placement={placement}: a Transformer block normalises "
             f"each token over its {d_model} features, and {name} would take statistics across "
-            "positions (future tokens in a causal model). Use layernorm, rmsnorm, prmsnorm or none"
+            "positions (future tokens in a causal model). "
+            "Use layernorm, rmsnorm, prmsnorm, dyt or none"
         )
     return norm
 

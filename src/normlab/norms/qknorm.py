@@ -1,0 +1,46 @@
+"""QK-norm: queries and keys normalized per head, over head_dim, before their dot product.
+
+    q_h, k_h = Norm_q(q_h), Norm_k(k_h)   for q_h, k_h of shape (B, H, T, head_dim)
+    attention = softmax(q_h k_h^T / sqrt(head_dim)) v_h
+
+(Dehghani et al. 2023, ViT-22B; Wortsman et al. 2023; with an L2 norm, Henry et al. 2020): the
+attention logits stay bounded however large the q and k projections grow. One norm for all the
+queries and one for all the keys of a layer, each with its own affine of size head_dim shared by
+the heads, as in ViT-22B and timm. The norms come from the registry (layernorm or rmsnorm).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from normlab.norms.base import NormConfigError
+from normlab.norms.registry import _canonical, create_norm
+
+QK_NORMS = ("layernorm", "rmsnorm")
+
+
+def check_qk_norm(name: object, key: str = "model.net.qk_norm") -> str | None:
+    """The canonical family of a qk_norm choice (`LayerNorm`, `ln` -> layernorm), None for
+    None; anything else raises NormConfigError naming `key` and the valid values."""
+    if name is None:
+        return None
+    family = None
+    if isinstance(name, str):
+        try:
+            family = _canonical(name)
+        except NormConfigError:
+            family = None
+    if family not in QK_NORMS:
+        raise NormConfigError(
+            f"{key}={name!r} is not a QK-norm; valid: {', '.join(QK_NORMS)} or null (none)"
+        )
+    return family
+
+
+def create_qk_norm(name: str | None, head_dim: int, **kwargs: Any) -> nn.Module:
+    """The norm of queries or keys (B, H, T, head_dim) over head_dim: create_norm(name,
+    head_dim, **kwargs) for a name in QK_NORMS, nn.Identity() (no parameters) for None."""
+    family = check_qk_norm(name)
+    return nn.Identity() if family is None else create_norm(family, head_dim, **kwargs)
