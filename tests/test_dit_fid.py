@@ -75,6 +75,29 @@ def test_test_set_halves_are_close_and_noise_is_far(extractor):
     assert 0 <= halves < to_noise / 100
 
 
+class TorchFeatures(torch.nn.Module):
+    """The LeNet features as torchmetrics' custom feature module wants them: a tensor."""
+
+    def __init__(self, extractor):
+        super().__init__()
+        self.extractor, self.num_features = extractor, 84
+
+    def forward(self, pixels):
+        return torch.from_numpy(self.extractor(pixels))
+
+
+def test_fid_lenet_agrees_with_torchmetrics_frechet_distance(extractor):
+    from torchmetrics.image.fid import FrechetInceptionDistance
+
+    real = fid.fashion_mnist_test_pixels(os.environ["NORMLAB_DATA"])[:3000]
+    flipped = real[:1500].flip(-2)  # upside down: other features, the same pixel values
+    metric = FrechetInceptionDistance(feature=TorchFeatures(extractor), normalize=True)
+    metric.update(real, real=True)
+    metric.update(flipped, real=False)
+    ours = fid.fid_lenet(extractor, flipped, fid.feature_stats(extractor(real)))
+    assert ours > 1e-3 and float(metric.compute()) == pytest.approx(ours, rel=1e-6)
+
+
 def test_missing_extractor_names_the_script(tmp_path):
     with pytest.raises(ConfigError, match="scripts/train_fid_lenet.py"):
         fid.load_feature_extractor(tmp_path / "nothing.pt")

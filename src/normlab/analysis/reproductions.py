@@ -12,6 +12,7 @@ from normlab.analysis import (
     dit_conditioning,
     gn_batch_size,
     ln_placement,
+    ln_rnn,
     rmsnorm_speed,
 )
 from normlab.analysis.sweep import Budget, Grid, Reproduction, ensure_fid_lenet
@@ -137,6 +138,25 @@ REPRODUCTIONS: dict[str, Reproduction] = {
             extract=ln_placement.extract,
             render=ln_placement.render,
             requires=("model/transformer.yaml",),
+        ),
+        Reproduction(
+            name="ln_rnn",
+            title="LayerNorm speeds up the training of an RNN (Ba, Kiros & Hinton 2016)",
+            grids=(Grid("", "ln_rnn", quick=("trainer.val_check_interval=5",)),),
+            full=Budget(
+                (),
+                "plain LSTM, LN-LSTM x 3 seeds: 2 layers of 256, 1,200 AdamW steps (lr 1e-3, "
+                "100 warmup, cosine) of 32 windows of 64 characters, val loss every 50 steps: "
+                "6 jobs",
+            ),
+            quick=Budget(
+                (*QUICK_LM, "model.net.hidden_size=32", "model.net.ctx=16"),
+                "2 norms x 2 seeds, 20 steps of 16 windows of 16 characters, hidden 32: 4 jobs",
+            ),
+            arm=ln_rnn.arm,
+            extract=ln_rnn.extract,
+            render=ln_rnn.render,
+            requires=("model/lstm.yaml",),
         ),
         Reproduction(
             name="deepnorm_depth",
