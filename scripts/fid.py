@@ -22,7 +22,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-import normlab.config  # noqa: F401  (registers the resolvers the run's config uses)
+import normlab.config  # registers the resolvers the run's config uses
 from normlab import fid, fid_train
 
 
@@ -45,6 +45,7 @@ def main() -> None:
     torch.set_num_threads(args.num_threads)
 
     cfg = OmegaConf.load(args.config or args.ckpt.parent.parent / ".hydra" / "config.yaml")
+    normlab.config.import_plugins(cfg)  # a norm of the run's own plugins
     task = instantiate(cfg.model)
     state = torch.load(args.ckpt, map_location="cpu", weights_only=False)["state_dict"]
     task.load_state_dict(state)

@@ -50,7 +50,7 @@ CASES = [
     ("unknown activation", ["model.net.activation=tanh"], ["activation", "tanh", "sigmoid"]),
     ("unknown pooling", ["model.net.pool=min"], ["model.net.pool='min'", "avg", "max"]),
     ("instance norm without spatial extent", ["norm=instancenorm", "model.net.fc_norm=${norm}"],
-     ["classifier.norm3", "instancenorm", "(256, 120)"]),
+     ["classifier.norm3", "instancenorm", "(N, 120)", "no spatial extent"]),
     ("instance norm in the MLP", ["model=mlp", "norm=instancenorm"],
      ["layers.norm1", "instancenorm", "no spatial extent"]),
     ("transformer depth 0", ["model=transformer", "model.net.depth=0"], ["depth", "0"]),

@@ -274,8 +274,7 @@ def test_state_dict_is_batchnorms_plus_the_schedule_step():
 def test_fast_equals_reference_over_steps_with_token_features(impl):
     """channel_dim=-1: (B, T, D) renormalized per feature over (B, T), as the transposed input."""
     torch.manual_seed(6)
-    tokens = _brn(impl, torch.float64, r_max=1.5, d_max=0.5)
-    tokens.set_channel_dim(-1)
+    tokens = _brn(impl, torch.float64, r_max=1.5, d_max=0.5, channel_dim=-1)
     plain = _brn("reference" if impl == "fast" else "fast", torch.float64, r_max=1.5, d_max=0.5)
     plain.load_state_dict(tokens.state_dict())
     for step in range(3):

@@ -50,9 +50,7 @@ LAYOUTS = [
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize(("shape", "channel_dim", "view"), LAYOUTS)
 def test_forward_is_the_formula(impl, shape, channel_dim, view):
-    norm = random_dyt(8, impl)
-    if channel_dim is not None:
-        norm.set_channel_dim(channel_dim)
+    norm = random_dyt(8, impl, channel_dim=channel_dim)  # None: DyT's own (..., D)
     x = 3 * torch.randn(shape, dtype=torch.float64)
     expected = dyt_formula(x, *params(norm, view))
     torch.testing.assert_close(norm(x), expected, rtol=1e-12, atol=1e-12)
@@ -61,9 +59,7 @@ def test_forward_is_the_formula(impl, shape, channel_dim, view):
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize(("shape", "channel_dim", "view"), LAYOUTS)
 def test_backward_is_autograd_of_the_formula(impl, shape, channel_dim, view):
-    norm = random_dyt(8, impl)
-    if channel_dim is not None:
-        norm.set_channel_dim(channel_dim)
+    norm = random_dyt(8, impl, channel_dim=channel_dim)  # None: DyT's own (..., D)
     x = (3 * torch.randn(shape, dtype=torch.float64)).requires_grad_()
     dy = torch.randn(shape, dtype=torch.float64)
     norm(x).backward(dy)
@@ -159,7 +155,7 @@ def test_create_norm_names_and_alpha0():
         norm.alpha.fill_(3.0)
     norm.reset_parameters()
     assert norm.alpha.item() == pytest.approx(0.8)  # back to alpha0
-    assert norm_keywords("dyt") == ["alpha0", "elementwise_affine", "bias", "impl", "sync"]
+    assert norm_keywords("dyt") == ["alpha0", "elementwise_affine", "bias", "impl"]
 
 
 @pytest.mark.parametrize(

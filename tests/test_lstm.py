@@ -15,8 +15,8 @@ from test_norm_stats import hooked_layers
 from test_train import metrics_rows
 
 from normlab.errors import ConfigError
-from normlab.models.lstm import LSTMLM, LSTMLayer, is_per_sample, per_sample_norms
-from normlab.norms import Norm, NormConfigError, available_norms, create_norm
+from normlab.models.lstm import LSTMLM, LSTMLayer
+from normlab.norms import Norm, NormConfigError, available_norms, norm_traits, norms_with
 
 DATA_ROOT = Path(os.environ["NORMLAB_DATA"])
 LAYERNORM = {"name": "layernorm", "eps": 1e-5, "elementwise_affine": True, "bias": True}
@@ -179,16 +179,16 @@ def test_state_dict_keys(cfg, norm_keys):
 
 
 def test_the_per_sample_norms_are_read_from_the_norm_classes():
-    choices = per_sample_norms()
-    assert {"layernorm", "rmsnorm", "prmsnorm", "none"} <= set(choices)
-    assert not {"batchnorm", "groupnorm", "instancenorm"} & set(choices)
+    choices = norms_with("tokenwise")
+    assert {"layernorm", "rmsnorm", "prmsnorm", "dyt", "none"} <= set(choices)
+    assert not {"batchnorm", "batchrenorm", "groupnorm", "instancenorm"} & set(choices)
     assert choices == sorted(choices) and set(choices) <= set(available_norms())
 
 
 @pytest.mark.parametrize("name", available_norms())
 def test_every_registry_norm_either_builds_an_lstm_or_is_refused_naming_layer_and_choices(name):
     kwargs = {"num_groups": 2} if name == "groupnorm" else {}
-    if is_per_sample(create_norm(name, 8, **kwargs)):
+    if norm_traits(name).tokenwise:
         model = lstm({"name": name, **kwargs}, num_layers=1)
         assert torch.isfinite(model(torch.zeros(2, 5, dtype=torch.long))).all()
         return
@@ -198,7 +198,7 @@ def test_every_registry_norm_either_builds_an_lstm_or_is_refused_naming_layer_an
     assert message.startswith(
         f"norm={name} cannot be used in model=lstm (layer layers.0.norm_x, 64 features): "
     )
-    assert message.endswith(f"use one of {', '.join(per_sample_norms())}")
+    assert message.endswith(f"use one of {', '.join(norms_with('tokenwise'))}")
     assert "\n" not in message
 
 

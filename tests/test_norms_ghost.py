@@ -80,7 +80,7 @@ def test_equals_torch_batchnorm_per_slice(shape, ghost_batch, momentum, impl):
 def test_channels_last_slices_the_batch_dim(impl):
     torch.manual_seed(0)
     shape = (8, 5, 3)  # (B, T, D): D is the channel dim
-    ours = _ghost((8, 3), 2, impl=impl).set_channel_dim(-1)
+    ours = _ghost((8, 3), 2, impl=impl, channel_dim=-1)
     copies = _copies(ours, (8, 3, 5), 0.1)
     x = torch.randn(shape)
     slices = zip(copies, x.split(2), strict=True)

@@ -1,4 +1,5 @@
-"""The registry (names, aliases, keyword checks, configs) and every NormConfigError case."""
+"""The registry (names, aliases, registration, traits, keyword checks, layouts, configs) and every
+NormConfigError case."""
 
 from __future__ import annotations
 
@@ -17,8 +18,12 @@ from normlab.norms import (
     RMSNorm,
     available_norms,
     create_norm,
-    needs_spatial,
     norm_from_config,
+    norm_keywords,
+    norm_traits,
+    norms_with,
+    register_norm,
+    registry,
 )
 
 
@@ -74,37 +79,115 @@ def test_none_is_identity():
     assert list(norm.state_dict()) == []
 
 
-def test_needs_spatial():
-    assert needs_spatial("instancenorm") and needs_spatial("Instance_Norm")
-    assert not any(needs_spatial(n) for n in available_norms() if n != "instancenorm")
+def test_traits_are_read_from_the_family_classes():
+    assert norms_with("spatial") == ["instancenorm"]
+    assert norm_traits("Instance_Norm").spatial and norm_traits(InstanceNorm).spatial
+    assert norms_with("tokenwise") == ["dyt", "layernorm", "none", "prmsnorm", "rmsnorm"]
+    assert norms_with("syncable") == ["batchnorm"]
+    affine = {n: norm_traits(n).affine_key for n in available_norms()}
+    assert affine == {
+        "batchnorm": "affine",
+        "batchrenorm": "affine",
+        "dyt": "elementwise_affine",
+        "groupnorm": "affine",
+        "instancenorm": "affine",
+        "layernorm": "elementwise_affine",
+        "none": None,
+        "prmsnorm": "elementwise_affine",
+        "rmsnorm": "elementwise_affine",
+    }
+    for name, key in affine.items():  # the key is a keyword of the family and switches it off
+        if key is not None:
+            kwargs = {"num_groups": 2} if name == "groupnorm" else {}
+            assert key in norm_keywords(name)
+            norm = create_norm(name, 4, **kwargs, **{key: False})
+            assert norm.weight is None and norm.bias is None
+    assert all(norm_traits(n).channel_dims == (1, -1) for n in available_norms())
     with pytest.raises(NormConfigError, match="unknown norm"):
-        needs_spatial("foo")
+        norm_traits("foo")
 
 
-def test_norm_from_config_passes_every_key_including_none():
-    cfg = {"name": "batchnorm", "momentum": None, "eps": 1e-3, "affine": False}
-    bn = norm_from_config(cfg, 5)
-    assert isinstance(bn, BatchNorm) and bn.momentum is None and bn.eps == 1e-3
-    assert bn.weight is None
-    rms = norm_from_config({"name": "rmsnorm", "eps": None}, 8)
-    assert rms.eps is None
-    with pytest.raises(NormConfigError, match="'name'"):
-        norm_from_config({"eps": 1e-5}, 8)
+def test_a_plain_module_gets_conservative_traits():
+    traits = norm_traits(nn.RMSNorm)
+    assert not (traits.tokenwise or traits.spatial or traits.syncable)
+    assert traits.affine_key is None and traits.channel_dims == (-1,)
+
+    class Declared(nn.Module):
+        tokenwise, spatial, affine_key, natural_channel_dim = True, True, "affine", 1
+
+    traits = norm_traits(Declared)
+    assert traits.tokenwise and traits.spatial and traits.affine_key == "affine"
+    assert traits.channel_dims == (1,)
 
 
-def test_norm_from_config_reads_omegaconf():
-    from omegaconf import OmegaConf
+@pytest.fixture
+def scratch_registry(monkeypatch):
+    """The registry as it is, restored after the test (registrations do not leak)."""
+    monkeypatch.setattr(registry, "_NORMS", dict(registry._NORMS))
+    monkeypatch.setattr(registry, "_ALIASES", dict(registry._ALIASES))
 
-    cfg = OmegaConf.create({"name": "layernorm", "normalized_shape": [3, 4], "eps": 1e-5})
-    ln = norm_from_config(cfg, 4)
-    assert ln.normalized_shape == (3, 4)
+
+def test_a_registered_plain_module_is_built_like_a_builtin(scratch_registry):
+    assert register_norm("torch_rms", aliases=("trms",))(nn.RMSNorm) is nn.RMSNorm
+    assert "torchrms" in available_norms()
+    assert norm_keywords("TRMS") == ["eps", "elementwise_affine", "device", "dtype"]
+    norm = norm_from_config({"name": "torch-rms", "eps": 1e-3}, 6)
+    assert type(norm) is nn.RMSNorm and norm.normalized_shape == (6,) and norm.eps == 1e-3
+    # an fc layer's (N, C): dims 1 and -1 are the same, so a features-last module fits
+    assert type(create_norm("torch_rms", 6, channel_dim=(1, -1))) is nn.RMSNorm
+    with pytest.raises(NormConfigError, match=r"torchrms takes its features at dim -1 .* dim 1"):
+        create_norm("torch_rms", 6, channel_dim=1)
+    with pytest.raises(NormConfigError, match=r"torchrms: unknown argument\(s\) momentum"):
+        create_norm("torch_rms", 6, momentum=0.1)
+    with pytest.raises(NormConfigError, match="torchrms: sync=False is only supported by bat"):
+        create_norm("torch_rms", 6, sync=False)
 
 
-def test_every_norm_takes_impl_and_sync_false():
+def test_duplicate_names_raise_unless_replaced(scratch_registry):
+    class Mine(nn.Module):
+        def __init__(self, num_features: int) -> None:
+            super().__init__()
+
+    register_norm("mine")(Mine)
+    other = type("Other", (nn.Module,), {})
+    for name in ("layer_norm", "LN", "MINE"):  # a built-in's name, an alias, a user's name
+        with pytest.raises(NormConfigError, match=r"is already registered to .*replace=True"):
+            register_norm(name)(other)
+    with pytest.raises(NormConfigError, match=r"'gn' is already registered to .*GroupNorm"):
+        register_norm("fresh", aliases=("gn",))(other)
+    assert "fresh" not in available_norms()
+    assert register_norm("mine")(Mine) is Mine  # the same class again: a no-op
+    register_norm("ln", replace=True)(Mine)
+    assert type(create_norm("ln", 4)) is Mine
+    assert type(create_norm("layernorm", 4)) is LayerNorm  # the name itself is untouched
+    with pytest.raises(NormConfigError, match="needs an nn.Module class"):
+        register_norm("thing")(object)
+
+
+def test_every_norm_takes_impl_and_only_batchnorm_takes_sync():
     for name in available_norms():
         kwargs = {"num_groups": 1} if name == "groupnorm" else {}
         for impl in ("fast", "reference"):
-            assert isinstance(create_norm(name, 4, impl=impl, sync=False, **kwargs), nn.Module)
+            assert isinstance(create_norm(name, 4, impl=impl, **kwargs), nn.Module)
+        assert ("sync" in norm_keywords(name)) == (name == "batchnorm")
+    assert create_norm("batchnorm", 4, sync=False).sync is False
+
+
+@pytest.mark.parametrize("name", ["batchnorm", "groupnorm", "layernorm", "rmsnorm", "dyt", "none"])
+def test_channel_dim_is_a_constructor_argument(name):
+    kwargs = {"num_groups": 2} if name == "groupnorm" else {}
+    natural = create_norm(name, 4, **kwargs)
+    assert natural.channel_dim == natural.natural_channel_dim
+    for channel_dim in (1, -1, (1, -1), (-1, 1)):
+        first = channel_dim if isinstance(channel_dim, int) else channel_dim[0]
+        assert create_norm(name, 4, channel_dim=channel_dim, **kwargs).channel_dim == first
+    with pytest.raises(NormConfigError, match=r"channel_dim must be 1 or -1, got 2"):
+        create_norm(name, 4, channel_dim=2, **kwargs)
+    cls = type(natural)  # the constructor checks it too
+    with pytest.raises(NormConfigError, match=r"channel_dim must be 1 or -1, got 0"):
+        cls(4, channel_dim=0, **kwargs)
+    with pytest.raises(NormConfigError, match="channel_dim=1 needs one feature dim"):
+        create_norm("layernorm", 4, channel_dim=1, normalized_shape=(2, 2))
 
 
 # ---------------------------------------------------------------- construction errors

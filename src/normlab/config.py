@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib
 import math
 import os
 import re
@@ -125,8 +126,34 @@ def check_combination(cfg: DictConfig) -> None:
         )
 
 
+def import_plugins(cfg: DictConfig) -> None:
+    """Import the modules of `plugins` (conf/train.yaml), which register norms of their own with
+    normlab.norms.register_norm; one that cannot be imported raises a one-line ConfigError."""
+    plugins = cfg.get("plugins") or []
+    if not isinstance(plugins, ListConfig | list):
+        raise ConfigError(f"plugins must be a list of module names, got {plugins!r}")
+    for name in plugins:
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"plugins: a module name must be a non-empty string, got {name!r}")
+        try:
+            importlib.import_module(name)
+        except Exception as err:
+            first = (str(err).strip().splitlines() or [""])[0]
+            raise ConfigError(
+                f"plugins: cannot import {name!r}: {type(err).__name__}: {first} "
+                "(module names are looked up on sys.path: train.py's dir and PYTHONPATH)"
+            ) from err
+
+
 def validate(cfg: DictConfig) -> None:
-    """Fail fast on values that cannot work, naming the key and the value."""
+    """Fail fast on values that cannot work, naming the key and the value. The plugins are
+    imported first: the norms they register are then known to everything after."""
+    import_plugins(cfg)
+    if "norm" in cfg and OmegaConf.is_missing(cfg.norm, "name"):
+        raise ConfigError(
+            "norm.name is missing: norm=custom takes norm.name=<a registered norm>, and "
+            "plugins=[<the module registering it>] for a norm of your own"
+        )
     check_combination(cfg)
     found = _non_finite(cfg)
     if found is not None:

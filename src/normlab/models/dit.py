@@ -14,9 +14,10 @@ guidance). `conditioning` picks how the blocks see it:
     in_context  emb(t), emb(y) prepended to the image tokens; plain norms; dropped before the
                 final layer
 
-The norms come from the registry (`norm`: the composed norm config); they must normalise the
-last (feature) axis of (B, T, D) tokens. `norm_eps` (DiT's 1e-6, as its LayerNorms) replaces
-the norm config's eps in every norm the model builds; None keeps the config's. `qk_norm`
+The norms come from the registry (`norm`: the composed norm config); they must act on each
+token over its last (feature) axis of (B, T, D): a family whose class declares `tokenwise`.
+`norm_eps` (DiT's 1e-6, as its LayerNorms) replaces the norm config's eps in every norm the
+model builds; None keeps the config's. `qk_norm`
 (layernorm | rmsnorm | None, normlab.norms.qknorm) normalizes each head's queries and keys over
 head_dim in every attention (self- and cross-), with norm_eps as their eps too.
 """
@@ -34,12 +35,11 @@ from timm.layers import Attention, Mlp, PatchEmbed
 from torch import nn
 
 from normlab.errors import ConfigError
-from normlab.norms import NormConfigError, norm_from_config, norm_keywords
+from normlab.norms import NormConfigError, norm_from_config, norm_keywords, norm_traits, norms_with
 from normlab.norms.adaptive import AdaLN, AdaLNZero, AdaptiveNorm, as_norm_config
 from normlab.norms.qknorm import check_qk_norm, create_qk_norm
 
 CONDITIONINGS = ("adaln_zero", "adaln", "cross_attn", "in_context")
-TOKEN_NORMS = ("layernorm", "rmsnorm", "prmsnorm", "dyt", "none")  # per token, last axis
 
 # ---------------------------------------------------------------------------------------------
 # Model zoo: hidden size D, depth, heads, patch size p. "tiny" trains on a laptop CPU on 28x28
@@ -154,7 +154,7 @@ def make_norm(conditioning: str, norm: Mapping[str, Any], dim: int, cond_dim: in
         return AdaLNZero(dim, cond_dim, norm)
     if conditioning == "adaln":
         return AdaLN(dim, cond_dim, norm)
-    return norm_from_config(norm, dim)
+    return norm_from_config(norm, dim, channel_dim=-1)
 
 
 def residual(x: torch.Tensor, norm: nn.Module, branch: Any, c: torch.Tensor | None) -> torch.Tensor:
@@ -195,7 +195,7 @@ class DiTBlock(nn.Module):
             )
         self.cross_attn = None
         if conditioning == "cross_attn":
-            self.norm_cross = norm_from_config(norm, D)
+            self.norm_cross = norm_from_config(norm, D, channel_dim=-1)
             heads = (qk(D // num_heads), qk(D // num_heads)) if qk_norm else (None, None)
             self.cross_attn = CrossAttention(D, num_heads, *heads)
         self.norm2 = make_norm(conditioning, norm, D, D)
@@ -221,7 +221,7 @@ class FinalLayer(nn.Module):
             zero = conditioning == "adaln_zero"
             self.norm = AdaLN(hidden_size, hidden_size, norm, zero_init=zero)
         else:
-            self.norm = norm_from_config(norm, hidden_size)
+            self.norm = norm_from_config(norm, hidden_size, channel_dim=-1)
         self.linear = nn.Linear(hidden_size, out_dim)
 
     def forward(self, x: torch.Tensor, c: torch.Tensor | None) -> torch.Tensor:
@@ -281,11 +281,10 @@ class DiT(nn.Module):
         norm = as_norm_config(norm)
         if norm_eps is not None and "eps" in norm_keywords(norm["name"]):
             norm["eps"] = norm_eps  # DiT's LayerNorm eps, in every norm built below
-        family = getattr(norm_from_config(norm, D), "family", norm["name"])
-        if family not in TOKEN_NORMS:
+        if not norm_traits(norm["name"]).tokenwise:
             raise NormConfigError(
                 f"dit: norm={norm['name']!r} does not normalise the feature axis of (B, T, D) "
-                f"tokens; choose one of {list(TOKEN_NORMS)}"
+                f"tokens; choose one of {norms_with('tokenwise')}"
             )
         self.conditioning = conditioning
         self.in_channels = in_channels

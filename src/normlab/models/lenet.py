@@ -9,7 +9,7 @@ from typing import Any
 from torch import nn
 
 from normlab.errors import ConfigError
-from normlab.norms import needs_spatial, norm_from_config
+from normlab.norms import norm_from_config, norm_traits, norms_with
 
 ACTIVATIONS = {"sigmoid": nn.Sigmoid, "relu": nn.ReLU}
 # 2x2 stride-2 pooling after each conv: avg as d2l's LeNet (LeNet-5's subsampling), the default;
@@ -18,14 +18,31 @@ POOLS = {"avg": nn.AvgPool2d, "max": nn.MaxPool2d}
 NONE = {"name": "none"}
 
 
+def norm_for_layer(spec: Mapping[str, Any], features: int, layer: str, fc: bool) -> nn.Module:
+    """The configured norm after a conv layer (features (N, C, H, W)) or an fc layer ((N, C)), or
+    a ConfigError naming the layer: one that needs spatial extent has none after an fc layer."""
+    try:
+        name = spec.get("name")
+        if fc and name is not None and norm_traits(name).spatial:
+            raise ConfigError(
+                f"norm={name} needs spatial extent and an fc layer's (N, {features}) output has "
+                f"no spatial extent; use {', '.join(norms_with('spatial', False))}"
+            )
+        # an fc layer's features are at dim 1 and at dim -1: a norm of either layout fits
+        return norm_from_config(spec, features, channel_dim=(1, -1) if fc else 1)
+    except ValueError as err:
+        raise ConfigError(f"{layer} ({features} features): {err}") from err
+
+
 class LeNet(nn.Module):
     """conv 6 -> pool -> conv 16 -> pool -> fc 120 -> fc 84 -> fc 10, norms from the registry.
 
     Features are channels-first (N, C, H, W) / (N, C): a layer norm normalizes each sample over
     (C, H, W) as in the GN paper. `norm` normalizes the conv layers; `fc_norm` the fc layers:
     "auto" uses `norm` there too,
-    except for a norm that needs spatial extent (instancenorm), which an fc layer lacks — those
-    layers then get no norm. An explicit fc_norm config is used as given. `channels` are the two
+    except for a norm that needs spatial extent (its class's `spatial` trait: instancenorm), which
+    an fc layer lacks — those layers then get no norm. An explicit fc_norm config is used as given
+    (one needing spatial extent fails, naming the layer). `channels` are the two
     conv widths, LeNet-5's (6, 16) by default; (16, 32) leaves GroupNorm room for 4 groups of at
     least 4 channels in both conv layers. `pool` is the 2x2 pooling after each conv: "avg"
     (d2l's LeNet) or "max".
@@ -60,27 +77,21 @@ class LeNet(nn.Module):
         if pool not in POOLS:
             raise ConfigError(f"model.net.pool={pool!r}: choose one of {list(POOLS)}")
         if fc_norm == "auto":
-            fc_norm = NONE if needs_spatial(norm["name"]) else norm
+            fc_norm = NONE if norm_traits(norm["name"]).spatial else norm
         elif isinstance(fc_norm, str):
             fc_norm = {"name": fc_norm}
         act = ACTIVATIONS[activation]
         pooling = POOLS[pool]
 
-        def build(spec: Mapping[str, Any], features: int, layer: str) -> nn.Module:
-            try:
-                return norm_from_config(spec, features, channel_dim=1)
-            except ValueError as err:
-                raise ConfigError(f"{layer} ({features} features): {err}") from err
-
         # ----- feature extractor: (B, 1, 28, 28) -> (B, c1, 12, 12) -> (B, c2, 4, 4)
         self.features = nn.Sequential(
             OrderedDict(
                 conv1=nn.Conv2d(1, c1, kernel_size=5),
-                norm1=build(norm, c1, "features.norm1"),
+                norm1=norm_for_layer(norm, c1, "features.norm1", fc=False),
                 act1=act(),
                 pool1=pooling(2, 2),
                 conv2=nn.Conv2d(c1, c2, kernel_size=5),
-                norm2=build(norm, c2, "features.norm2"),
+                norm2=norm_for_layer(norm, c2, "features.norm2", fc=False),
                 act2=act(),
                 pool2=pooling(2, 2),
             )
@@ -90,10 +101,10 @@ class LeNet(nn.Module):
             OrderedDict(
                 flatten=nn.Flatten(),
                 fc1=nn.Linear(c2 * 4 * 4, 120),
-                norm3=build(fc_norm, 120, "classifier.norm3"),
+                norm3=norm_for_layer(fc_norm, 120, "classifier.norm3", fc=True),
                 act3=act(),
                 fc2=nn.Linear(120, 84),
-                norm4=build(fc_norm, 84, "classifier.norm4"),
+                norm4=norm_for_layer(fc_norm, 84, "classifier.norm4", fc=True),
                 act4=act(),
                 fc3=nn.Linear(84, num_classes),
             )

@@ -10,8 +10,8 @@ plain LSTM whose bias is torch's bias_ih + bias_hh. torch's fused nn.LSTM has no
 norm, so the recurrence is an explicit loop over time; W_x x_t and its norm are computed for all
 time steps at once before the loop (the input term does not depend on the recurrence).
 
-Only norms that normalize each sample over its last dim (layernorm, rmsnorm, prmsnorm, none:
-the families whose `natural_channel_dim` is -1, and the `none` placeholder) fit: BatchNorm
+Only norms that normalize each sample over its last dim (layernorm, rmsnorm, prmsnorm, dyt, none:
+the families whose class declares `tokenwise`, a user's too) fit: BatchNorm
 would need statistics per time step, GroupNorm/InstanceNorm of a (B, T, D) stream mix time
 steps. They are refused when the model is built, naming the layer and the valid choices.
 """
@@ -27,47 +27,25 @@ import torch.nn.functional as F
 from torch import nn
 
 from normlab.errors import ConfigError
-from normlab.norms import Norm, NormConfigError, available_norms, create_norm, norm_from_config
+from normlab.norms import NormConfigError, norm_from_config, norm_traits, norms_with
 
 State = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (B, hidden)
 
 
-def is_per_sample(norm: nn.Module) -> bool:
-    """Whether `norm` normalizes each sample over its last dim (or does nothing), read from its
-    class: a (..., D) family (`natural_channel_dim == -1`) or a non-normalizing placeholder."""
-    if not isinstance(norm, Norm):
-        return False
-    return not norm.normalizes or norm.natural_channel_dim == -1
-
-
-def per_sample_norms() -> list[str]:
-    """The registry's norm names an LSTM can use (built once with defaults to read the trait)."""
-    names = []
-    for name in available_norms():
-        try:
-            norm = create_norm(name, 8)
-        except (NormConfigError, TypeError, ValueError):
-            continue  # needs arguments to build at all: not a default choice
-        if is_per_sample(norm):
-            names.append(name)
-    return names
-
-
 def lstm_norm(cfg: Mapping[str, Any], features: int, layer: str) -> nn.Module:
     """The configured norm over `features` per sample, or NormConfigError naming `layer`."""
-    name = cfg.get("name")
-    try:
-        norm = norm_from_config(cfg, features)
-    except ValueError as err:
-        raise NormConfigError(f"{layer} ({features} features): {err}") from err
-    if not is_per_sample(norm):
+    name = cfg.get("name")  # a config without one fails in norm_from_config, naming it
+    if name is not None and not norm_traits(name).tokenwise:
         raise NormConfigError(
             f"norm={name} cannot be used in model=lstm (layer {layer}, {features} features): "
             "an LSTM normalizes each sample's own features at every time step (Ba et al. 2016) "
             f"and {name} takes statistics across samples or time steps (per-time-step "
-            f"statistics are not implemented); use one of {', '.join(per_sample_norms())}"
+            f"statistics are not implemented); use one of {', '.join(norms_with('tokenwise'))}"
         )
-    return norm
+    try:
+        return norm_from_config(cfg, features, channel_dim=-1)  # on (B, T, 4H) and (B, H)
+    except ValueError as err:
+        raise NormConfigError(f"{layer} ({features} features): {err}") from err
 
 
 class LSTMLayer(nn.Module):

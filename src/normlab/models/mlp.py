@@ -9,8 +9,7 @@ from typing import Any
 from torch import nn
 
 from normlab.errors import ConfigError
-from normlab.models.lenet import ACTIVATIONS
-from normlab.norms import needs_spatial, norm_from_config
+from normlab.models.lenet import ACTIVATIONS, norm_for_layer
 
 
 class MLP(nn.Module):
@@ -47,24 +46,12 @@ class MLP(nn.Module):
             )
         act = ACTIVATIONS[activation]
 
-        def build(spec: Mapping[str, Any], features: int, layer: str) -> nn.Module:
-            try:
-                if "name" in spec and needs_spatial(spec["name"]):
-                    raise ConfigError(
-                        f"norm={spec['name']} needs spatial extent and an fc layer's (N, "
-                        f"{features}) output has no spatial extent; use batchnorm, layernorm, "
-                        "groupnorm, rmsnorm, prmsnorm or none"
-                    )
-                return norm_from_config(spec, features, channel_dim=1)
-            except ValueError as err:
-                raise ConfigError(f"{layer} ({features} features): {err}") from err
-
         # ----- layers: (B, 784) -> (B, hidden[0]) -> ... -> (B, hidden[-1]) -> (B, num_classes)
         layers: OrderedDict[str, nn.Module] = OrderedDict()
         width = 28 * 28
         for i, features in enumerate(widths, start=1):
             layers[f"fc{i}"] = nn.Linear(width, features)  # (B, width) -> (B, features)
-            layers[f"norm{i}"] = build(norm, features, f"layers.norm{i}")
+            layers[f"norm{i}"] = norm_for_layer(norm, features, f"layers.norm{i}", fc=True)
             layers[f"act{i}"] = act()
             width = features
         layers["out"] = nn.Linear(width, num_classes)  # the last act's output: penultimate feature

@@ -1,6 +1,10 @@
-"""The core package: every normalization layer, built by name through one registry."""
+"""The core package: every normalization layer, built by name through one registry.
 
-from normlab.norms.base import NoNorm, Norm, NormConfigError
+A norm of your own joins it with `@register_norm("name")` (see normlab.norms.registry and
+examples/my_norm.py) and is then built by `create_norm` / `norm_from_config` like a built-in.
+"""
+
+from normlab.norms.base import Norm, NormConfigError
 from normlab.norms.batchnorm import BatchNorm, BatchNormFunction
 from normlab.norms.batchrenorm import BatchRenorm
 from normlab.norms.dyt import DyT, DyTFunction
@@ -8,12 +12,17 @@ from normlab.norms.fold import fold_batchnorm
 from normlab.norms.groupnorm import GroupNorm
 from normlab.norms.instancenorm import InstanceNorm
 from normlab.norms.layernorm import LayerNorm
+from normlab.norms.nonorm import NoNorm
 from normlab.norms.registry import (
+    NormTraits,
     available_norms,
+    canonical_name,
     create_norm,
-    needs_spatial,
     norm_from_config,
     norm_keywords,
+    norm_traits,
+    norms_with,
+    register_norm,
 )
 from normlab.norms.rmsnorm import PRMSNorm, RMSNorm, RMSNormFunction
 
@@ -29,13 +38,17 @@ __all__ = [
     "NoNorm",
     "Norm",
     "NormConfigError",
+    "NormTraits",
     "PRMSNorm",
     "RMSNorm",
     "RMSNormFunction",
     "available_norms",
+    "canonical_name",
     "create_norm",
     "fold_batchnorm",
-    "needs_spatial",
     "norm_from_config",
     "norm_keywords",
+    "norm_traits",
+    "norms_with",
+    "register_norm",
 ]

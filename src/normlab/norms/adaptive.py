@@ -13,7 +13,8 @@ whether a residual gate is regressed too, and how the regression starts:
     ScaleShiftNorm  (ADM, Dhariwal & Nichol 21) groupnorm on conv features (B, C, H, W), SiLU
 
 The base norm comes from the registry (`norm_from_config`). In DiT's layers its affine is
-switched off: the regressed shift/scale replace it. ADM's ScaleShiftNorm keeps the GroupNorm's
+switched off through the keyword its family names (`affine_key`, a trait of the class): the
+regressed shift/scale replace it. ADM's ScaleShiftNorm keeps the GroupNorm's
 own affine (guided-diffusion's `normalization()` is a plain affine GroupNorm), computes it in
 fp32 and regresses its chunks in the order (scale, shift).
 """
@@ -27,18 +28,7 @@ import torch
 from torch import nn
 
 from normlab.norms.base import NormConfigError
-
-# The create_norm keyword that switches a family's own affine parameters off.
-AFFINE_KEYS = {
-    "layernorm": "elementwise_affine",
-    "rmsnorm": "elementwise_affine",
-    "prmsnorm": "elementwise_affine",
-    "dyt": "elementwise_affine",  # weight and bias off; alpha stays
-    "batchnorm": "affine",
-    "batchrenorm": "affine",
-    "groupnorm": "affine",
-    "instancenorm": "affine",
-}
+from normlab.norms.registry import norm_from_config, norm_traits
 
 
 def as_norm_config(norm: str | Mapping[str, Any] | None, default: str = "layernorm") -> dict:
@@ -52,16 +42,16 @@ def as_norm_config(norm: str | Mapping[str, Any] | None, default: str = "layerno
     return dict(norm)
 
 
-def plain_norm(norm: str | Mapping[str, Any] | None, num_features: int) -> nn.Module:
-    """The registry's norm `norm` for `num_features`, its own affine parameters switched off."""
-    from normlab.norms import norm_from_config  # the registry imports this module
-
+def plain_norm(
+    norm: str | Mapping[str, Any] | None, num_features: int, channel_dim: int | None = None
+) -> nn.Module:
+    """The registry's norm `norm` for `num_features`, its own affine parameters switched off
+    (through its family's `affine_key`; a family without one is built as configured)."""
     cfg = as_norm_config(norm)
-    built = norm_from_config(cfg, num_features)
-    key = AFFINE_KEYS.get(getattr(built, "family", ""))  # the family, whatever alias was used
-    if key is None or cfg.get(key) is False:
-        return built
-    return norm_from_config({**cfg, key: False}, num_features)
+    key = norm_traits(cfg["name"]).affine_key
+    if key is not None:
+        cfg[key] = False
+    return norm_from_config(cfg, num_features, channel_dim)
 
 
 def broadcast_to(t: torch.Tensor, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -97,11 +87,9 @@ class AdaptiveNorm(nn.Module):
     ) -> None:
         super().__init__()
         if norm_affine:  # the base norm keeps its own affine (ADM)
-            from normlab.norms import norm_from_config  # the registry imports this module
-
-            self.norm = norm_from_config(as_norm_config(norm), num_features)
+            self.norm = norm_from_config(as_norm_config(norm), num_features, dim)
         else:  # the regressed shift/scale replace it (DiT)
-            self.norm = plain_norm(norm, num_features)
+            self.norm = plain_norm(norm, num_features, dim)
         self.dim = dim
         self.gated = gated
         self.zero_init = zero_init

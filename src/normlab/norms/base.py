@@ -99,42 +99,41 @@ def channel_view(t: torch.Tensor, ndim: int) -> torch.Tensor:
 
 
 class Norm(nn.Module):
-    """Base of every normlab norm: checks `impl`/`sync`, dispatches forward, owns weight/bias."""
+    """Base of every normlab norm: checks `impl` and the layout, dispatches forward, owns the
+    affine; holds the defaults of the traits a family declares (read by `norm_traits`)."""
 
     family: ClassVar[str] = "norm"
     impls: ClassVar[tuple[str, ...]] = ("fast", "reference")
-    syncable: ClassVar[bool] = False
     # where the family's features sit: 1 for (N, C, *) families, -1 for (..., D) families
     natural_channel_dim: ClassVar[int] = 1
     # whether it normalizes its input (False for the `none` placeholder): what norm statistics hook
     normalizes: ClassVar[bool] = True
+    # acts on each token over its own features: may sit in a Transformer block, the DiT, the LSTM
+    tokenwise: ClassVar[bool] = False
+    # needs inputs with spatial extent (dims beyond (N, C)): no place after an fc layer
+    spatial: ClassVar[bool] = False
+    # the constructor keyword that switches its own affine off (None: it has none to switch)
+    affine_key: ClassVar[str | None] = None
+    # takes `sync`: batch statistics over all processes
+    syncable: ClassVar[bool] = False
 
-    def __init__(self, impl: str = "fast", sync: bool = False) -> None:
+    def __init__(self, impl: str, channel_dim: int) -> None:
+        """`channel_dim`: where the input's features are, 1 for (N, C, *spatial), -1 for
+        (..., D) (a family's default is its own, `natural_channel_dim`). A (N, C, *) family given -1
+        normalizes the last dim of (B, T, D) as its channels (B and T are its batch/positions);
+        a (..., D) family given 1 normalizes each sample over (C, *spatial) with a per-channel
+        affine (the GN paper's LayerNorm for conv features)."""
         super().__init__()
         if impl not in self.impls:
             raise NormConfigError(
                 f"{self.family}: impl must be one of {list(self.impls)}, got {impl!r}"
             )
-        if sync and not self.syncable:
-            raise NormConfigError(f"{self.family}: sync=True is only supported by batchnorm")
-        self.impl = impl
-        self.sync = bool(sync)
-        self.channel_dim = self.natural_channel_dim
-
-    def set_channel_dim(self, channel_dim: int) -> Norm:
-        """Where the input's features are: 1 for (N, C, *spatial), -1 for (..., D).
-
-        A (N, C, *) family given channel_dim=-1 normalizes the last dim of (B, T, D) as its
-        channels (B and T are its batch/positions); a (..., D) family given channel_dim=1
-        normalizes each sample over (C, *spatial) with a per-channel affine (the GN paper's
-        LayerNorm for conv features).
-        """
-        if channel_dim not in (1, -1):
+        if channel_dim not in (1, -1) or isinstance(channel_dim, bool):
             raise NormConfigError(
                 f"{self.family}: channel_dim must be 1 or -1, got {channel_dim!r}"
             )
+        self.impl = impl
         self.channel_dim = channel_dim
-        return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.channel_dim == -1 and self.natural_channel_dim == 1:
@@ -187,17 +186,3 @@ class Norm(nn.Module):
                 f"{self.family} was built for trailing dims {shape}, "
                 f"got input of shape {tuple(x.shape)}"
             )
-
-
-class NoNorm(Norm):
-    """The `none` choice: returns its input unchanged."""
-
-    family = "none"
-    normalizes = False
-
-    def __init__(self, num_features: int | None = None, impl: str = "fast", sync: bool = False):
-        super().__init__(impl, sync)
-        self._init_affine((), weight=False, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from normlab.norms.base import NormConfigError, channel_view, check_positive_int, stats_dtype
+from normlab.norms.registry import register_norm
 from normlab.norms.running import RunningStatsNorm
 
 
@@ -100,6 +101,7 @@ class BatchNormFunction(torch.autograd.Function):
         )
 
 
+@register_norm("batchnorm", aliases=("bn",))
 class BatchNorm(RunningStatsNorm):
     """Batch normalization over (N, C), (N, C, L) or (N, C, H, W): statistics over all but C.
 
@@ -110,6 +112,7 @@ class BatchNorm(RunningStatsNorm):
 
     family = "batchnorm"
     impls = ("fast", "reference", "manual")
+    affine_key = "affine"
     syncable = True
 
     def __init__(
@@ -124,10 +127,12 @@ class BatchNorm(RunningStatsNorm):
         ghost_batch: int | None = None,
         *,
         bias: bool = True,
+        channel_dim: int = 1,
     ) -> None:
         super().__init__(
-            num_features, eps, momentum, affine, track_running_stats, impl, sync, bias=bias
+            num_features, eps, momentum, affine, track_running_stats, impl, channel_dim, bias=bias
         )
+        self.sync = bool(sync)
         if ghost_batch is not None:
             check_positive_int(self.family, "ghost_batch", ghost_batch)
             if sync:

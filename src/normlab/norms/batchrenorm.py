@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from normlab.norms.base import NormConfigError, channel_view, mean_var, stats_dtype
+from normlab.norms.registry import register_norm
 from normlab.norms.running import RunningStatsNorm
 
 
@@ -51,6 +52,7 @@ def _check_steps(name: str, value: object) -> int:
     return value
 
 
+@register_norm("batchrenorm", aliases=("brn",))
 class BatchRenorm(RunningStatsNorm):
     """Batch renormalization over (N, C), (N, C, L) or (N, C, H, W): statistics over all but C.
 
@@ -64,6 +66,7 @@ class BatchRenorm(RunningStatsNorm):
     """
 
     family = "batchrenorm"
+    affine_key = "affine"
 
     def __init__(
         self,
@@ -76,9 +79,10 @@ class BatchRenorm(RunningStatsNorm):
         warmup_steps: int = 5000,
         relax_steps: int = 35000,
         impl: str = "fast",
-        sync: bool = False,
+        *,
+        channel_dim: int = 1,
     ) -> None:
-        super().__init__(num_features, eps, momentum, affine, True, impl, sync)
+        super().__init__(num_features, eps, momentum, affine, True, impl, channel_dim)
         self.r_max = _check_number("r_max", r_max, 1.0)
         self.d_max = _check_number("d_max", d_max, 0.0)
         self.warmup_steps = _check_steps("warmup_steps", warmup_steps)

@@ -24,6 +24,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from normlab.norms.base import Norm, NormConfigError, channel_view, check_positive_int, stats_dtype
+from normlab.norms.registry import register_norm
 
 
 class DyTFunction(torch.autograd.Function):
@@ -78,6 +79,7 @@ class DyTFunction(torch.autograd.Function):
         return dx, dalpha, dw, db
 
 
+@register_norm("dyt", aliases=("dynamictanh",))
 class DyT(Norm):
     """DyT(x) = weight * tanh(alpha * x) + bias over the features of (..., D) (or (N, C, *)
     with channel_dim=1: per-channel weight and bias, as LayerNorm's conv layout).
@@ -91,6 +93,8 @@ class DyT(Norm):
     family = "dyt"
     natural_channel_dim = -1
     normalizes = True  # no statistics, but it stands where a norm does: norm_stats hooks it
+    tokenwise = True  # elementwise: each token's output depends on that token only
+    affine_key = "elementwise_affine"  # weight and bias off; alpha stays
 
     def __init__(
         self,
@@ -99,9 +103,10 @@ class DyT(Norm):
         elementwise_affine: bool = True,
         bias: bool = True,
         impl: str = "fast",
-        sync: bool = False,
+        *,
+        channel_dim: int = -1,
     ) -> None:
-        super().__init__(impl, sync)
+        super().__init__(impl, channel_dim)
         self.num_features = check_positive_int(self.family, "num_features", num_features)
         if (
             isinstance(alpha0, bool)

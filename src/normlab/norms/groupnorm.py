@@ -12,9 +12,11 @@ from normlab.norms.base import (
     check_positive_int,
     kernel_affine,
 )
+from normlab.norms.registry import register_norm
 from normlab.norms.standardize import GroupStandardize
 
 
+@register_norm("groupnorm", aliases=("gn",))
 class GroupNorm(Norm):
     """Group normalization over (N, C, *): C split into `num_groups` groups of C / G channels.
 
@@ -22,6 +24,7 @@ class GroupNorm(Norm):
     """
 
     family = "groupnorm"
+    affine_key = "affine"
 
     def __init__(
         self,
@@ -30,11 +33,11 @@ class GroupNorm(Norm):
         eps: float = 1e-5,
         affine: bool = True,
         impl: str = "fast",
-        sync: bool = False,
         *,
         bias: bool = True,
+        channel_dim: int = 1,
     ) -> None:
-        super().__init__(impl, sync)
+        super().__init__(impl, channel_dim)
         self.num_features = check_positive_int(self.family, "num_features", num_features)
         self.num_groups = check_positive_int(self.family, "num_groups", num_groups)
         if num_features % num_groups:

@@ -6,9 +6,11 @@ import torch
 import torch.nn.functional as F
 
 from normlab.norms.base import NormConfigError, check_positive_int
+from normlab.norms.registry import register_norm
 from normlab.norms.running import RunningStatsNorm
 
 
+@register_norm("instancenorm", aliases=("in",))
 class InstanceNorm(RunningStatsNorm):
     """Instance normalization over (N, C, L) or (N, C, H, W); (N, C) has no spatial extent.
 
@@ -23,6 +25,8 @@ class InstanceNorm(RunningStatsNorm):
     """
 
     family = "instancenorm"
+    spatial = True  # statistics over each sample's positions: (N, C) has none
+    affine_key = "affine"
     _min_dim = 3  # (N, C) would be read by torch's InstanceNorm1d as one unbatched (C, L)
     _stat_unit = "channel of each sample"
 
@@ -34,13 +38,13 @@ class InstanceNorm(RunningStatsNorm):
         affine: bool = False,
         track_running_stats: bool = False,
         impl: str = "fast",
-        sync: bool = False,
         *,
         bias: bool = True,
         spatial_dims: int | None = None,
+        channel_dim: int = 1,
     ) -> None:
         super().__init__(
-            num_features, eps, momentum, affine, track_running_stats, impl, sync, bias=bias
+            num_features, eps, momentum, affine, track_running_stats, impl, channel_dim, bias=bias
         )
         if spatial_dims is not None:
             check_positive_int(self.family, "spatial_dims", spatial_dims)

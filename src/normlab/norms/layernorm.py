@@ -15,6 +15,7 @@ from normlab.norms.base import (
     check_positive_int,
     kernel_affine,
 )
+from normlab.norms.registry import register_norm
 from normlab.norms.standardize import GroupStandardize, RowStandardize
 
 
@@ -32,11 +33,23 @@ def trailing_shape(family: str, num_features: int, normalized_shape: object) -> 
     return tuple(check_positive_int(family, "normalized_shape", d) for d in normalized_shape)
 
 
+def check_one_feature_dim(norm: Norm) -> None:
+    """Raise unless a norm over trailing dims given channel_dim=1 has one feature dim (C)."""
+    if norm.channel_dim == 1 and len(norm.normalized_shape) != 1:
+        raise NormConfigError(
+            f"{norm.family}: channel_dim=1 needs one feature dim, "
+            f"got normalized_shape={norm.normalized_shape}"
+        )
+
+
+@register_norm("layernorm", aliases=("ln",))
 class LayerNorm(Norm):
     """Layer normalization over the trailing dims `normalized_shape` of (..., *normalized_shape)."""
 
     family = "layernorm"
     natural_channel_dim = -1
+    tokenwise = True
+    affine_key = "elementwise_affine"
 
     def __init__(
         self,
@@ -46,10 +59,12 @@ class LayerNorm(Norm):
         bias: bool = True,
         normalized_shape: int | Sequence[int] | None = None,
         impl: str = "fast",
-        sync: bool = False,
+        *,
+        channel_dim: int = -1,
     ) -> None:
-        super().__init__(impl, sync)
+        super().__init__(impl, channel_dim)
         self.normalized_shape = trailing_shape(self.family, num_features, normalized_shape)
+        check_one_feature_dim(self)
         self.eps = check_eps(self.family, eps)
         self.elementwise_affine = elementwise_affine
         self._init_affine(self.normalized_shape, elementwise_affine, elementwise_affine and bias)
@@ -59,14 +74,6 @@ class LayerNorm(Norm):
             f"{self.normalized_shape}, eps={self.eps}, "
             f"elementwise_affine={self.elementwise_affine}, impl={self.impl!r}"
         )
-
-    def set_channel_dim(self, channel_dim: int) -> Norm:
-        if channel_dim == 1 and len(self.normalized_shape) != 1:
-            raise NormConfigError(
-                f"{self.family}: channel_dim=1 needs one feature dim, "
-                f"got normalized_shape={self.normalized_shape}"
-            )
-        return super().set_channel_dim(channel_dim)
 
     def _check_input(self, x: torch.Tensor) -> None:
         if self.channel_dim == 1:

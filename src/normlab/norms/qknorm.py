@@ -16,7 +16,7 @@ from typing import Any
 from torch import nn
 
 from normlab.norms.base import NormConfigError
-from normlab.norms.registry import _canonical, create_norm
+from normlab.norms.registry import canonical_name, create_norm
 
 QK_NORMS = ("layernorm", "rmsnorm")
 
@@ -29,7 +29,7 @@ def check_qk_norm(name: object, key: str = "model.net.qk_norm") -> str | None:
     family = None
     if isinstance(name, str):
         try:
-            family = _canonical(name)
+            family = canonical_name(name)
         except NormConfigError:
             family = None
     if family not in QK_NORMS:

@@ -7,7 +7,8 @@
     none      x_{l+1} = x + F(x)                        (no norm anywhere: the ablation)
 
 Only norms that normalise each token over its last dim (layernorm, rmsnorm, prmsnorm, none), or
-act on each token alone (dyt: elementwise), can sit in a placement. BatchNorm, GroupNorm and
+act on each token alone (dyt: elementwise), can sit in a placement: the families whose class
+declares `tokenwise` (normlab.norms.norm_traits), a user's too. BatchNorm, GroupNorm and
 InstanceNorm of a (B, T, D) stream would take their statistics across positions (after a
 transpose to (B, D, T)), so in a causal language model a token's output would depend on later
 tokens: they are rejected with an error naming the norm and the placement rather than supported
@@ -23,26 +24,22 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from normlab.norms import DyT, LayerNorm, NoNorm, NormConfigError, RMSNorm, norm_from_config
+from normlab.norms import NormConfigError, norm_from_config, norm_traits, norms_with
 
 DEEPNORM_ARCHS = ("encoder", "decoder", "encoder_decoder")
-
-# act on each token over its own features only (PRMSNorm too; DyT elementwise)
-TOKENWISE = (LayerNorm, RMSNorm, DyT, NoNorm)
 
 
 def tokenwise_norm(norm_cfg: Mapping[str, Any], d_model: int, placement: str) -> nn.Module:
     """Build the configured norm for a (B, T, D) stream; reject norms that mix positions."""
-    norm = norm_from_config(norm_cfg, d_model)
-    if not isinstance(norm, TOKENWISE):
-        name = norm_cfg["name"]
+    name = norm_cfg.get("name")  # a config without one fails in norm_from_config, naming it
+    if name is not None and not norm_traits(name).tokenwise:
         raise NormConfigError(
             f"norm={name} cannot sit in placement={placement}: a Transformer block normalises "
             f"each token over its {d_model} features, and {name} would take statistics across "
             "positions (future tokens in a causal model). "
-            "Use layernorm, rmsnorm, prmsnorm, dyt or none"
+            f"Use {', '.join(norms_with('tokenwise'))}"
         )
-    return norm
+    return norm_from_config(norm_cfg, d_model, channel_dim=-1)  # (B, T, D): features last
 
 
 def deepnorm_constants(

@@ -11,7 +11,8 @@ from torch.autograd.function import once_differentiable
 from normlab.norms import _fused_rms
 from normlab.norms._fused_rms import FusedRMSNormFunction
 from normlab.norms.base import Norm, NormConfigError, channel_view, check_eps, stats_dtype
-from normlab.norms.layernorm import trailing_shape
+from normlab.norms.layernorm import check_one_feature_dim, trailing_shape
+from normlab.norms.registry import register_norm
 
 
 def _full_rms_backward(
@@ -102,6 +103,7 @@ class RMSNormFunction(torch.autograd.Function):
         return dx.to(x_dtype), dw, None, None
 
 
+@register_norm("rmsnorm", aliases=("rms",))
 class RMSNorm(Norm):
     """RMSNorm over the trailing dims `normalized_shape` of (..., *normalized_shape).
 
@@ -113,6 +115,8 @@ class RMSNorm(Norm):
 
     family = "rmsnorm"
     natural_channel_dim = -1
+    tokenwise = True
+    affine_key = "elementwise_affine"
 
     def __init__(
         self,
@@ -121,10 +125,12 @@ class RMSNorm(Norm):
         elementwise_affine: bool = True,
         normalized_shape: int | Sequence[int] | None = None,
         impl: str = "fast",
-        sync: bool = False,
+        *,
+        channel_dim: int = -1,
     ) -> None:
-        super().__init__(impl, sync)
+        super().__init__(impl, channel_dim)
         self.normalized_shape = trailing_shape(self.family, num_features, normalized_shape)
+        check_one_feature_dim(self)
         self.eps = check_eps(self.family, eps, allow_none=True)
         self.elementwise_affine = elementwise_affine
         self._init_affine(self.normalized_shape, elementwise_affine, bias=False)
@@ -138,14 +144,6 @@ class RMSNorm(Norm):
 
     def _eps(self, x: torch.Tensor) -> float:
         return torch.finfo(stats_dtype(x.dtype)).eps if self.eps is None else self.eps
-
-    def set_channel_dim(self, channel_dim: int) -> Norm:
-        if channel_dim == 1 and len(self.normalized_shape) != 1:
-            raise NormConfigError(
-                f"{self.family}: channel_dim=1 needs one feature dim, "
-                f"got normalized_shape={self.normalized_shape}"
-            )
-        return super().set_channel_dim(channel_dim)
 
     def _check_input(self, x: torch.Tensor) -> None:
         if self.channel_dim == 1:
@@ -179,6 +177,7 @@ class RMSNorm(Norm):
         return y.to(x.dtype)
 
 
+@register_norm("prmsnorm", aliases=("prms",))
 class PRMSNorm(RMSNorm):
     """Partial RMSNorm over (..., D): rms of the first k = ceil(p * D) features divides all."""
 
@@ -191,9 +190,10 @@ class PRMSNorm(RMSNorm):
         eps: float | None = None,
         elementwise_affine: bool = True,
         impl: str = "fast",
-        sync: bool = False,
+        *,
+        channel_dim: int = -1,
     ) -> None:
-        super().__init__(num_features, eps, elementwise_affine, impl=impl, sync=sync)
+        super().__init__(num_features, eps, elementwise_affine, impl=impl, channel_dim=channel_dim)
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
             raise NormConfigError(f"prmsnorm: p must be in (0, 1], got {p!r}")
         self.p = float(p)

@@ -39,10 +39,10 @@ class RunningStatsNorm(Norm):
         affine: bool,
         track_running_stats: bool,
         impl: str,
-        sync: bool,
+        channel_dim: int,
         bias: bool = True,
     ) -> None:
-        super().__init__(impl, sync)
+        super().__init__(impl, channel_dim)
         self.num_features = check_positive_int(self.family, "num_features", num_features)
         self.eps = check_eps(self.family, eps)
         numeric = isinstance(momentum, (int, float)) and not isinstance(momentum, bool)
