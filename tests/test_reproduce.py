@@ -20,8 +20,8 @@ SCRIPT = [sys.executable, str(REPO / "scripts" / "reproduce.py")]
 sys.path.insert(0, str(REPO / "scripts"))
 script = importlib.import_module("reproduce")  # scripts/reproduce.py
 # Rendered with --quick in CI's slow run: every reproduction.
-CI_NAMES = ["bn_lenet", "gn_batch_size", "ln_placement", "deepnorm_depth", "rmsnorm_speed",
-            "dit_conditioning"]  # fmt: skip
+CI_NAMES = ["bn_lenet", "gn_batch_size", "ln_placement", "ln_rnn", "deepnorm_depth",
+            "rmsnorm_speed", "dit_conditioning", "dit_conditioning_deep"]  # fmt: skip
 
 
 # a reproduction's analysis where a test needs none: arm, extract, render
@@ -61,6 +61,7 @@ def test_unknown_name_fails_with_the_valid_ones(tmp_path: Path):
         "rmsnorm_quality",
         "ln_placement",
         "ln_placement_init",
+        "ln_rnn",
     ],
 )
 def test_experiment_config_composes_with_its_sweep_grid(compose, tmp_path: Path, name: str):
