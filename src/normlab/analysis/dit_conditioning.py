@@ -258,10 +258,9 @@ def _loss_curves(ax: plt.Axes, data: pd.DataFrame, arms: list[str]) -> None:
     ax.legend(fontsize=8)
 
 
-def render(data: pd.DataFrame) -> Result:
-    """fid_lenet per arm (seeds, mean and CI, resampled sets) and val loss curves."""
-    arms = [c for c in NAMES if c in set(data["arm"])]
-    fig, (ax_fid, ax_loss) = plt.subplots(1, 2, figsize=(12, 4.4))
+def _figure(data: pd.DataFrame, arms: list[str], what: str, width: float) -> plt.Figure:
+    """fid_lenet per arm (seeds, mean and CI, resampled sets) beside the val loss curves."""
+    fig, (ax_fid, ax_loss) = plt.subplots(1, 2, figsize=(width, 4.4))
     _dots(ax_fid, data, arms, FINAL_FID)
     samples = setting(data, arms, "config/fid_samples")
     guidance = setting(data, arms, "config/fid_guidance")
@@ -271,9 +270,15 @@ def render(data: pd.DataFrame) -> Result:
     ax_fid.title.set_fontsize(9)
     _loss_curves(ax_loss, data, arms)
     steps, depth = setting(data, arms, "steps"), setting(data, arms, DEPTH)
-    fig.suptitle(f"DiT conditioning (DiT Table 4) on Fashion-MNIST: DiT of {depth} blocks, "
-                 f"{steps} steps")  # fmt: skip
+    fig.suptitle(f"{what} on Fashion-MNIST: DiT of {depth} blocks, {steps} steps")
     fig.tight_layout()
+    return fig
+
+
+def render(data: pd.DataFrame) -> Result:
+    """fid_lenet per arm (seeds, mean and CI, resampled sets) and val loss curves."""
+    arms = [c for c in NAMES if c in set(data["arm"])]
+    fig = _figure(data, arms, "DiT conditioning (DiT Table 4)", width=12)
     best_fid, best_loss = _best_claims(data)
     return Result(fig, [best_fid, *_rank_claims(data), best_loss], _notes(data, arms))
 
@@ -281,19 +286,8 @@ def render(data: pd.DataFrame) -> Result:
 def render_deep(data: pd.DataFrame) -> Result:
     """adaLN-Zero against adaLN in the deeper DiT: the same panels, one pair's claims."""
     arms = [c for c in ("adaln_zero", "adaln") if c in set(data["arm"])]
-    fig, (ax_fid, ax_loss) = plt.subplots(1, 2, figsize=(10, 4.4))
-    _dots(ax_fid, data, arms, FINAL_FID)
-    samples = setting(data, arms, "config/fid_samples")
-    guidance = setting(data, arms, "config/fid_guidance")
-    ax_fid.set(ylabel=f"fid_lenet ({samples} samples, guidance {guidance})",
-               title="fid_lenet per seed (dots), mean and 95% CI; x: the same checkpoint "
-               "on other noise")  # fmt: skip
-    ax_fid.title.set_fontsize(9)
-    _loss_curves(ax_loss, data, arms)
-    steps, depth = setting(data, arms, "steps"), setting(data, arms, DEPTH)
-    fig.suptitle(f"adaLN-Zero vs adaLN (DiT Sec. 3.2) on Fashion-MNIST: DiT of {depth} blocks, "
-                 f"{steps} steps")  # fmt: skip
-    fig.tight_layout()
+    fig = _figure(data, arms, "adaLN-Zero vs adaLN (DiT Sec. 3.2)", width=10)
+    depth = setting(data, arms, DEPTH)
     claims = [
         Claim(
             f"in a DiT of {depth} blocks, adaLN-Zero's fid_lenet is lower than adaLN's",

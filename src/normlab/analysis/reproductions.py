@@ -35,6 +35,21 @@ QUICK_LM = (
     "trainer.log_every_n_steps=5",
 )
 
+# A quick DiT job: 5 steps of 16 images, val/fid_lenet of 100 samples of 5 DDIM steps.
+QUICK_DIT = (
+    "batch=16",
+    "trainer.max_epochs=1",
+    "trainer.limit_train_batches=5",
+    "trainer.limit_val_batches=1",
+    "trainer.limit_test_batches=1",
+    "model.sample_steps=5",
+    "callbacks.samples.per_class=1",
+    "callbacks.fid.every_n_epochs=1",
+    "callbacks.fid.num_samples=100",
+    "callbacks.fid.steps=5",
+    "callbacks.fid.batch_size=100",
+)
+
 # BatchNorm's statistics per virtual device of per_device images (Ghost BN)
 GHOST = "norm.ghost_batch=${per_device}"
 
@@ -244,19 +259,7 @@ REPRODUCTIONS: dict[str, Reproduction] = {
                 "seed-0 checkpoint: 12 jobs",
             ),
             quick=Budget(
-                (
-                    "batch=16",
-                    "trainer.max_epochs=1",
-                    "trainer.limit_train_batches=5",
-                    "trainer.limit_val_batches=1",
-                    "trainer.limit_test_batches=1",
-                    "model.sample_steps=5",
-                    "callbacks.samples.per_class=1",
-                    "callbacks.fid.every_n_epochs=1",
-                    "callbacks.fid.num_samples=100",
-                    "callbacks.fid.steps=5",
-                    "callbacks.fid.batch_size=100",
-                ),
+                QUICK_DIT,
                 "4 conditionings x 2 seeds, 5 steps of 16 images, val/fid_lenet of 100 "
                 "samples (5 DDIM steps), resampled once per arm",
             ),
@@ -279,19 +282,7 @@ REPRODUCTIONS: dict[str, Reproduction] = {
                 "a second set from each arm's seed-0 checkpoint: 6 jobs",
             ),
             quick=Budget(
-                (
-                    "batch=16",
-                    "trainer.max_epochs=1",
-                    "trainer.limit_train_batches=5",
-                    "trainer.limit_val_batches=1",
-                    "trainer.limit_test_batches=1",
-                    "model.sample_steps=5",
-                    "callbacks.samples.per_class=1",
-                    "callbacks.fid.every_n_epochs=1",
-                    "callbacks.fid.num_samples=100",
-                    "callbacks.fid.steps=5",
-                    "callbacks.fid.batch_size=100",
-                ),
+                QUICK_DIT,
                 "adaLN-Zero, adaLN x 2 seeds, 5 steps of 16 images, val/fid_lenet of 100 "
                 "samples (5 DDIM steps), resampled once per arm",
             ),
