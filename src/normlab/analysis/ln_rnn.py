@@ -13,7 +13,7 @@ import math
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from normlab.analysis.curves import metric, val_loss_rows
+from normlab.analysis.curves import metric, seed_curves, val_loss_rows
 from normlab.analysis.logs import Run
 from normlab.analysis.report import Claim, Result
 from normlab.analysis.stats import ABOVE
@@ -104,13 +104,7 @@ def render(data: pd.DataFrame) -> Result:
     """Val loss against steps, each seed thin and the mean thick, per arm."""
     fig, ax = plt.subplots(figsize=(7, 4.4))
     for i, (a, label) in enumerate(NORMS.items()):
-        per_seed = curves(data, a)
-        for curve in per_seed.values():
-            ax.plot(curve.index, curve.values, color=f"C{i}", alpha=0.3, lw=0.8)
-        if per_seed:
-            mean = pd.concat(per_seed.values(), axis=1).dropna().mean(axis=1)
-            ax.plot(mean.index, mean.values, color=f"C{i}", lw=2,
-                    label=f"{label} ({len(per_seed)} seeds)")  # fmt: skip
+        seed_curves(ax, data, a, "-", f"C{i}", f"{label} ({{n}} seeds)")
     ax.set(xlabel="training step", ylabel="val loss (nats per character)",
            title="char-level LSTM on tiny Shakespeare: with and without LayerNorm")  # fmt: skip
     ax.title.set_fontsize(9)
