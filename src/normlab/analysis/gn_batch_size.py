@@ -25,13 +25,19 @@ GN_FLAT = 1.0  # GN's error at every b within +-this of its error at b=32
 
 NORMS = {"batchnorm": "BN", "groupnorm": "GN", "layernorm": "LN", "instancenorm": "IN"}
 FIXED = "batchnorm_sgd256"  # the arm with SGD's batch fixed at 256
-LABELS = {**NORMS, FIXED: "BN, SGD batch fixed at 256"}
+PRECISE = "batchnorm_precise"  # BN with precise statistics (Wu & Johnson 2021) before test
+LABELS = {**NORMS, FIXED: "BN, SGD batch fixed at 256", PRECISE: "BN, precise statistics"}
 BIG, SMALL = 32, 2
 
 
 def arm(run: Run) -> str:
-    """The norm; BN with SGD's batch fixed at 256 (an explicit batch=256 override) apart."""
-    return FIXED if run.get("batch") == "256" else run.get("norm")
+    """The norm; BN with SGD's batch fixed at 256 (an explicit batch=256 override) and BN with
+    precise statistics apart."""
+    if run.get("batch") == "256":
+        return FIXED
+    if run.get("callbacks.precise_bn.enabled") == "true":
+        return PRECISE
+    return run.get("norm")
 
 
 def extract(runs: list[Run]) -> pd.DataFrame:

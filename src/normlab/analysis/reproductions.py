@@ -10,6 +10,7 @@ from normlab.analysis import (
     bn_lenet,
     deepnorm_depth,
     dit_conditioning,
+    dyt_vs_ln,
     gn_batch_size,
     ln_placement,
     ln_rnn,
@@ -52,6 +53,8 @@ QUICK_DIT = (
 
 # BatchNorm's statistics per virtual device of per_device images (Ghost BN)
 GHOST = "norm.ghost_batch=${per_device}"
+# Precise BN (Wu & Johnson 2021): population statistics over 200 training batches before test
+PRECISE = "callbacks.precise_bn.enabled=true"
 
 REPRODUCTIONS: dict[str, Reproduction] = {
     r.name: r
@@ -87,6 +90,8 @@ REPRODUCTIONS: dict[str, Reproduction] = {
                 Grid("gn", "gn_batch_size", ("norm=groupnorm", "norm.num_groups=4")),
                 Grid("ln", "gn_batch_size", ("norm=layernorm",)),
                 Grid("in", "gn_batch_size", ("norm=instancenorm",)),
+                # BN's population statistics recomputed with the trained weights (precise BN)
+                Grid("bn_precise", "gn_batch_size", ("norm=batchnorm", GHOST, PRECISE)),
                 # BN's statistics alone: the SGD batch fixed at 8 x 32; b=32 is the bn grid's job
                 Grid(
                     "bn_fixed",
@@ -291,6 +296,42 @@ REPRODUCTIONS: dict[str, Reproduction] = {
             render=dit_conditioning.render_deep,
             finish=dit_conditioning.resample,
             requires=("model/dit.yaml",),
+            prepare=ensure_fid_lenet,
+        ),
+        Reproduction(
+            name="dyt_vs_ln",
+            title="DyT matches LayerNorm in a GPT and a DiT, and LayerNorm's input-output map is "
+            "tanh-like in deeper layers (Zhu et al. 2025)",
+            grids=(
+                Grid("gpt", "dyt_vs_ln_gpt", quick=QUICK_LM),
+                Grid(
+                    "alpha",
+                    "dyt_vs_ln_gpt",
+                    ("norm=dyt", "norm.alpha0=0.25,1.0,2.0"),
+                    quick=(*QUICK_LM, "norm.alpha0=2.0"),
+                ),
+                Grid("dit", "dyt_vs_ln_dit", quick=QUICK_DIT),
+            ),
+            full=Budget(
+                (),
+                "gpt: LayerNorm, DyT (alpha0 0.5), RMSNorm x 3 seeds, Pre-LN GPT of depth 4, "
+                "d_model 128, 600 AdamW steps of 32 windows of 64 characters, val loss every "
+                "50; alpha: DyT at alpha0 0.25, 1, 2 in the same GPT x 3 seeds; dit: LayerNorm, "
+                "DyT, RMSNorm x 3 seeds on the tiny adaLN-Zero DiT, 1,200 AdamW steps of 64 "
+                "images, then val/fid_lenet of 2,000 samples without guidance (25 DDIM steps): "
+                "9 + 9 + 9 jobs",
+            ),
+            quick=Budget(
+                (),
+                "gpt: 3 norms x 2 seeds, 20 steps of 16 windows; alpha: alpha0 2 x 2 seeds; "
+                "dit: 3 norms x 2 seeds, 5 steps of 16 images, val/fid_lenet of 100 samples: "
+                "6 + 2 + 6 jobs",
+            ),
+            arm=dyt_vs_ln.arm,
+            extract=dyt_vs_ln.extract,
+            render=dyt_vs_ln.render,
+            finish=dyt_vs_ln.measure_ln_maps,
+            requires=("model/transformer.yaml", "model/dit.yaml"),
             prepare=ensure_fid_lenet,
         ),
     ]
