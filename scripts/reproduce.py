@@ -2,6 +2,9 @@
 
     python scripts/reproduce.py NAME [--seeds N] [--quick] [--jobs N] [--root DIR]
     python scripts/reproduce.py NAME --redraw      # from the committed runs.csv, no training
+    python scripts/reproduce.py NAME --grids G,..  # run only these grids; their arms' rows
+                                                   # replace those in the committed runs.csv
+    python scripts/reproduce.py NAME --norm X [--plugin MODULE]   # your norm as one more arm
     python scripts/reproduce.py all [--quick] [--jobs N]
     python scripts/reproduce.py --list
     python scripts/reproduce.py --readme           # README's Results table from the claims files
@@ -10,12 +13,15 @@ Runs NAME's sweeps (`python train.py -m experiment=... seed=0,1,2`) into fixed s
 <root>/outputs/reproduce/NAME[-quick]/ (a finished job is reused only if its resolved config and
 training code are unchanged), reads every job's logs, and writes under
 <root>/outputs/figures[/quick]/: NAME/runs.csv (every number used), NAME/jobs.csv, and, drawn
-from those two alone, NAME.{png,svg,md} and NAME.claims.csv.
+from those two alone, NAME.{png,svg,md} and NAME.claims.csv. With --norm X (a registered norm,
+e.g. a user's from --plugin MODULE) the reproductions that compare norms run X as one more arm of
+those grids, and the evidence goes to NAME+X.* beside NAME's, the built-in arms' jobs reused.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from pathlib import Path
@@ -50,12 +56,30 @@ def list_names() -> str:
     return "\n".join(lines)
 
 
-def command_text(name: str, quick: bool, seeds: int | None) -> str:
+def command_text(
+    name: str, quick: bool, seeds: int | None, norm: str | None = None, plugin: str | None = None
+) -> str:
     """The command a figure's md shows."""
     cmd = f"python scripts/reproduce.py {name}"
     if seeds is not None and seeds != default_seeds(quick):
         cmd += f" --seeds {seeds}"
+    if norm:
+        cmd += f" --norm {norm}" + (f" --plugin {plugin}" if plugin else "")
     return cmd + (" --quick" if quick else "")
+
+
+def evidence_name(name: str, norm: str | None) -> str:
+    """NAME, or NAME+X for a run with the norm X added."""
+    return f"{name}+{norm}" if norm else name
+
+
+def _plugin(jobs: pd.DataFrame) -> str | None:
+    """The plugin module the jobs imported (their plugins=[...] override), if any."""
+    for overrides in jobs.get("overrides", []):
+        found = re.search(r"plugins=\[([^\]]+)\]", str(overrides))
+        if found:
+            return found.group(1)
+    return None
 
 
 def seeds_given(repro: Reproduction, jobs: pd.DataFrame, quick: bool) -> int:
@@ -67,28 +91,60 @@ def seeds_given(repro: Reproduction, jobs: pd.DataFrame, quick: bool) -> int:
     return int((free if len(free) else counts).max())
 
 
-def redraw(name: str, quick: bool, root: Path) -> dict[str, Path]:
-    """Draw NAME's figure, md and claims from its runs.csv and jobs.csv alone."""
+def redraw(name: str, quick: bool, root: Path, norm: str | None = None) -> dict[str, Path]:
+    """Draw NAME's (or NAME+norm's) figure, md and claims from its runs.csv and jobs.csv alone."""
     repro = REPRODUCTIONS[name]
     out = sweep.figures_dir(root, quick)
-    paths = report.evidence_paths(out, name)
+    evidence = evidence_name(name, norm)
+    paths = report.evidence_paths(out, evidence)
     if not paths["runs"].is_file():
-        raise SystemExit(f"{name}: no {paths['runs']} to redraw from (run it first)")
+        raise SystemExit(f"{evidence}: no {paths['runs']} to redraw from (run it first)")
     data = pd.read_csv(paths["runs"])
     jobs = pd.read_csv(paths["jobs"], keep_default_na=False, na_values={"wall_time_s": [""]})
     seeds = seeds_given(repro, jobs, quick)
+    title = repro.title + (f"; with the norm {norm}" if norm else "")
     return report.write_evidence(
-        repro.render(data), out, name, repro.title, command_text(name, quick, seeds),
+        repro.render(data), out, evidence, title,
+        command_text(name, quick, seeds, norm, _plugin(jobs) if norm else None),
         repro.budget(quick).text, jobs,
     )  # fmt: skip
 
 
-def reproduce(name: str, quick: bool, jobs: int, root: Path, seeds: int | None) -> Path:
-    """Run one NAME's sweeps (reusing finished jobs) and write its figure, data and md."""
+def _merge(new: pd.DataFrame, path: Path) -> pd.DataFrame:
+    """new's rows in place of the rows of the same arms in the file at path (if any)."""
+    if not path.is_file():
+        return new
+    old = pd.read_csv(path, keep_default_na=False, na_values={"wall_time_s": [""], "x": [""],
+                                                              "value": [""]})  # fmt: skip
+    kept = old[~old["arm"].isin(set(new["arm"]))]
+    return pd.concat([kept, new], ignore_index=True).sort_values(["arm", "seed"], kind="stable")
+
+
+def reproduce(
+    name: str,
+    quick: bool,
+    jobs: int,
+    root: Path,
+    seeds: int | None,
+    grids: list[str] | None = None,
+    norm: str | None = None,
+    plugin: str | None = None,
+) -> Path:
+    """Run one NAME's sweeps (reusing finished jobs) and write its figure, data and md. With
+    `grids`, only those grids run and their arms' rows replace the same arms' rows in the
+    evidence already there (the other arms' rows kept as they are); with `norm`, the norm joins
+    the grids that compare norms (Reproduction.with_norm)."""
     repro = REPRODUCTIONS[name]
     missing = repro.missing()
     if missing:
         raise SystemExit(f"{name}: needs conf/{', conf/'.join(missing)} (not there yet)")
+    try:
+        if norm:
+            repro = repro.with_norm(norm, plugin)
+        if grids:
+            repro = repro.only(grids)
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
     if seeds is None:
         seeds = default_seeds(quick)
     seconds = sweep.run(repro, quick, root, jobs, seeds)
@@ -100,13 +156,15 @@ def reproduce(name: str, quick: bool, jobs: int, root: Path, seeds: int | None) 
     not_ok = [r for r in runs if r.status != "ok"]
     if not_ok:
         print(f"{name}: {len(not_ok)} of {len(runs)} jobs not ok (see the md's jobs table)")
-    paths = report.evidence_paths(sweep.figures_dir(root, quick), name)
+    paths = report.evidence_paths(sweep.figures_dir(root, quick), evidence_name(name, norm))
     paths["runs"].parent.mkdir(parents=True, exist_ok=True)
     data = repro.extract(runs)[report.RUNS_COLUMNS]
-    data.to_csv(paths["runs"], index=False, float_format=report.FLOAT)
     job_rows = sweep.jobs_frame(runs, repro.arm)
+    if grids:
+        data, job_rows = _merge(data, paths["runs"]), _merge(job_rows, paths["jobs"])
+    data.to_csv(paths["runs"], index=False, float_format=report.FLOAT)
     job_rows.to_csv(paths["jobs"], index=False, float_format=report.FLOAT)
-    paths = redraw(name, quick, root)  # the md comes from the files, as --redraw makes it
+    paths = redraw(name, quick, root, norm)  # the md comes from the files, as --redraw makes it
     print(f"{name}: {seconds:.0f} s, wrote {paths['md']} (+ figure, data)", flush=True)
     return paths["md"]
 
@@ -130,6 +188,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--readme", action="store_true", help="rewrite README's Results table from claims files"
     )
+    parser.add_argument(
+        "--grids", help="comma-separated grids to run; their arms replace those in the evidence"
+    )
+    parser.add_argument("--norm", help="a registered norm to add as an arm (norm=custom)")
+    parser.add_argument("--plugin", help="module that registers --norm (plugins=[MODULE])")
     args = parser.parse_args(argv)
     if args.list:
         print(list_names())
@@ -141,15 +204,21 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--seeds must be >= 1, got {args.seeds}")
     if args.name not in (*REPRODUCTIONS, "all"):
         parser.error(f"NAME must be one of {list(REPRODUCTIONS)} or 'all', got {args.name!r}")
+    if args.plugin and not args.norm:
+        parser.error("--plugin goes with --norm (the norm it registers)")
+    if (args.grids or args.norm) and args.name == "all":
+        parser.error("--grids and --norm take one NAME, not 'all'")
+    grids = [g for g in args.grids.split(",") if g] if args.grids else None
     names = list(REPRODUCTIONS) if args.name == "all" else [args.name]
     start, failed = time.time(), []
     for name in names:
         try:
             if args.redraw:
-                paths = redraw(name, args.quick, args.root.resolve())
+                paths = redraw(name, args.quick, args.root.resolve(), args.norm)
                 print(f"{name}: redrew {paths['md']} from {paths['runs']}")
             else:
-                reproduce(name, args.quick, args.jobs, args.root.resolve(), args.seeds)
+                reproduce(name, args.quick, args.jobs, args.root.resolve(), args.seeds, grids,
+                          args.norm, args.plugin)  # fmt: skip
         except (SystemExit, RuntimeError) as err:
             if args.name != "all":
                 raise

@@ -303,12 +303,12 @@ REPRODUCTIONS: dict[str, Reproduction] = {
             title="DyT matches LayerNorm in a GPT and a DiT, and LayerNorm's input-output map is "
             "tanh-like in deeper layers (Zhu et al. 2025)",
             grids=(
-                Grid("gpt", "dyt_vs_ln_gpt", quick=QUICK_LM),
+                Grid("gpt", "dyt_vs_ln_gpt", quick=(*QUICK_LM, "trainer.val_check_interval=5")),
                 Grid(
-                    "alpha",
+                    "dyt",
                     "dyt_vs_ln_gpt",
-                    ("norm=dyt", "norm.alpha0=0.25,1.0,2.0"),
-                    quick=(*QUICK_LM, "norm.alpha0=2.0"),
+                    ("norm=dyt", "model.net.embed_scale=50", "norm.alpha0=0.25,0.5,1.0,2.0"),
+                    quick=(*QUICK_LM, "trainer.val_check_interval=5", "norm.alpha0=0.5"),
                 ),
                 Grid("dit", "dyt_vs_ln_dit", quick=QUICK_DIT),
             ),
@@ -316,14 +316,15 @@ REPRODUCTIONS: dict[str, Reproduction] = {
                 (),
                 "gpt: LayerNorm, DyT (alpha0 0.5), RMSNorm x 3 seeds, Pre-LN GPT of depth 4, "
                 "d_model 128, 600 AdamW steps of 32 windows of 64 characters, val loss every "
-                "50; alpha: DyT at alpha0 0.25, 1, 2 in the same GPT x 3 seeds; dit: LayerNorm, "
-                "DyT, RMSNorm x 3 seeds on the tiny adaLN-Zero DiT, 1,200 AdamW steps of 64 "
-                "images, then val/fid_lenet of 2,000 samples without guidance (25 DDIM steps): "
-                "9 + 9 + 9 jobs",
+                "50; dyt: DyT with the embeddings times a learnable scalar (init 50) at alpha0 "
+                "0.25, 0.5, 1, 2 in the same GPT x 3 seeds; dit: LayerNorm, DyT, RMSNorm x 3 "
+                "seeds on the tiny adaLN-Zero DiT, 1,200 AdamW steps of 64 images, then "
+                "val/fid_lenet of 2,000 samples without guidance (25 DDIM steps): 9 + 12 + 9 "
+                "jobs",
             ),
             quick=Budget(
                 (),
-                "gpt: 3 norms x 2 seeds, 20 steps of 16 windows; alpha: alpha0 2 x 2 seeds; "
+                "gpt: 3 norms x 2 seeds, 20 steps of 16 windows; dyt: alpha0 0.5 x 2 seeds; "
                 "dit: 3 norms x 2 seeds, 5 steps of 16 images, val/fid_lenet of 100 samples: "
                 "6 + 2 + 6 jobs",
             ),
@@ -331,6 +332,7 @@ REPRODUCTIONS: dict[str, Reproduction] = {
             extract=dyt_vs_ln.extract,
             render=dyt_vs_ln.render,
             finish=dyt_vs_ln.measure_ln_maps,
+            norm_grids=("gpt", "dit"),  # --norm X: X against LayerNorm in the GPT and the DiT
             requires=("model/transformer.yaml", "model/dit.yaml"),
             prepare=ensure_fid_lenet,
         ),

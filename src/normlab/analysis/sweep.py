@@ -9,11 +9,12 @@ finished row for its overrides with the same resolved config and training-code v
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -84,9 +85,36 @@ class Reproduction:
     prepare: Callable[[Path], None] | None = None  # makes files the jobs read (run from REPO)
     # measures more of the finished jobs (runs, parallel jobs, REPO), before extract reads them
     finish: Callable[[list[Run], int, Path], None] | None = None
+    # grids whose arms are norms: `reproduce.py NAME --norm X` adds X as an arm of each
+    norm_grids: tuple[str, ...] = ()
 
     def budget(self, quick: bool) -> Budget:
         return self.quick if quick else self.full
+
+    def only(self, names: list[str]) -> Reproduction:
+        """The same reproduction with only the named grids (an unknown name is an error)."""
+        known = [g.name for g in self.grids]
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise ValueError(f"{self.name}: no grid {', '.join(unknown)}; its grids: {known}")
+        return replace(self, grids=tuple(g for g in self.grids if g.name in names))
+
+    def with_norm(self, norm: str, plugin: str | None) -> Reproduction:
+        """The same reproduction with a registered norm (a user's, from module `plugin`) as one
+        more arm of every grid in norm_grids: a grid <grid>-<norm> of the same experiment with
+        norm=custom norm.name=<norm> (its sweep of built-in norms replaced by that one)."""
+        if not self.norm_grids:
+            raise ValueError(f"{self.name} has fixed arms: --norm works with "
+                             "a reproduction that compares norms")  # fmt: skip
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", norm):
+            raise ValueError(f"--norm must be a registered norm's name, got {norm!r}")
+        extra = ("norm=custom", f"norm.name={norm}", *([f"plugins=[{plugin}]"] if plugin else ()))
+        added = tuple(
+            replace(g, name=f"{g.name}-{norm}", overrides=(*g.overrides, *extra))
+            for g in self.grids
+            if g.name in self.norm_grids
+        )
+        return replace(self, grids=self.grids + added)
 
     def missing(self, repo: Path = REPO) -> list[str]:
         """conf/ files this reproduction needs that are not there yet."""

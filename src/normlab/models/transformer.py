@@ -130,6 +130,7 @@ class GPT(nn.Module):
         dropout: float | None = None,
         tie_weights: bool = True,
         qk_norm: str | None = None,
+        embed_scale: float | None = None,
     ) -> None:
         super().__init__()
         if size not in ZOO:
@@ -168,6 +169,12 @@ class GPT(nn.Module):
         self.tok_emb = nn.Embedding(vocab_size, D)
         self.pos_emb = nn.Embedding(self.ctx, D)
         self.emb_dropout = nn.Dropout(self.dropout)
+        # The DyT paper's LLaMA recipe: the embeddings times a learnable scalar, so that a norm
+        # that does not rescale (DyT) sees inputs of order 1 (1 / 0.02 = 50 does that for the
+        # N(0, 0.02) init below); None: no scalar
+        self.embed_scale = None
+        if embed_scale is not None:
+            self.embed_scale = nn.Parameter(torch.tensor([float(embed_scale)]))
         self.blocks = nn.ModuleList(
             Block(D, self.n_heads, self.dropout, self.placement, norm, self.qk_norm, **residual_kw)
             for _ in range(self.depth)
@@ -227,7 +234,10 @@ class GPT(nn.Module):
         if T > self.ctx:
             raise ValueError(f"sequence length {T} exceeds the context length ctx={self.ctx}")
         pos = torch.arange(T, device=idx.device)  # (T,)
-        x = self.emb_dropout(self.tok_emb(idx) + self.pos_emb(pos))  # (B, T, D)
+        x = self.tok_emb(idx) + self.pos_emb(pos)  # (B, T, D)
+        if self.embed_scale is not None:
+            x = x * self.embed_scale
+        x = self.emb_dropout(x)
         for block in self.blocks:
             x = block(x)  # (B, T, D)
         x = self.final_norm(x)  # (B, T, D)

@@ -1,0 +1,84 @@
+"""dyt_vs_ln's analysis: the LN-map fits, and verdicts that go either way on made-up runs.csv."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from normlab.analysis import dyt_vs_ln as d
+from normlab.analysis.stats import FAILS, HOLDS
+
+SEEDS = (0, 1, 2)
+
+
+def test_fit_maps_tells_an_s_shape_from_a_line():
+    rng = np.random.default_rng(0)
+    x = rng.standard_t(3, 20_000) * 2  # heavy tails: the squashed ends are visible
+    s_shape = d.fit_maps(x, 3 * np.tanh(0.6 * x) + rng.normal(0, 0.05, x.size))
+    line = d.fit_maps(x, 0.7 * x + 0.1 + rng.normal(0, 0.05, x.size))
+    u = {k: (1 - f["r2_tanh"]) / (1 - f["r2_line"]) for k, f in (("s", s_shape), ("l", line))}
+    assert u["s"] < 0.05  # a tanh explains nearly all a line leaves
+    assert 0.95 < u["l"] <= 1.0 + 1e-6  # a line's data: the tanh gains nothing
+    assert s_shape["tanh_a"] * s_shape["tanh_b"] == pytest.approx(1.8, rel=0.05)  # slope at 0
+    assert line["line_s"] == pytest.approx(0.7, abs=0.01)
+
+
+def _runs(gpt_gap: float, fid_ratio: float, ln_shape: str) -> pd.DataFrame:
+    """A made-up runs.csv: DyT's final val loss gpt_gap above LN's, its fid_lenet fid_ratio x
+    LN's, and LN maps whose deeper layers are S-shaped ('s') or lines ('line')."""
+    rows = []
+    for seed in SEEDS:
+        jitter = 0.002 * (seed - 1)
+        for norm, loss in (("layernorm", 2.0), ("rmsnorm", 2.0 + jitter), ("dyt", 2.0 + gpt_gap)):
+            rows += [(f"gpt/{norm}", seed, 600.0, "val/loss", loss + jitter),
+                     (f"gpt/{norm}", seed, math.nan, "final/val_loss", loss + jitter),
+                     (f"gpt/{norm}", seed, math.nan, "diverged", 0.0)]  # fmt: skip
+        for a0 in (0.25, 0.5, 1.0):  # DyT with the embedding scalar
+            rows += [(f"dyt/{a0:g}", seed, math.nan, "final/val_loss", 2.0 + gpt_gap + jitter),
+                     (f"dyt/{a0:g}", seed, math.nan, "diverged", 0.0)]  # fmt: skip
+        for norm, fid in (("layernorm", 20.0), ("dyt", 20.0 * fid_ratio), ("rmsnorm", 21.0)):
+            rows.append((f"dit/{norm}", seed, math.nan, "final/fid_lenet", fid * (1 + jitter)))
+        for depth in range(9):  # 4 blocks x 2 norms + the final norm
+            r2_line = 0.99 if depth == 0 or ln_shape == "line" else 0.90
+            r2_tanh = r2_line + (0.0005 if depth == 0 or ln_shape == "line" else 0.09)
+            if depth > 0:  # seed noise; in lines, deeper layers a shade less tanh-like
+                r2_tanh -= 0.001 * seed if ln_shape == "s" else 0.0002 - 0.00003 * seed
+            for kind, value in (("r2_line", r2_line), ("r2_tanh", r2_tanh)):
+                rows.append(("gpt/layernorm", seed, float(depth), f"ln_{kind}/layer{depth}", value))
+    return pd.DataFrame(rows, columns=["arm", "seed", "x", "metric", "value"])
+
+
+def _verdicts(data: pd.DataFrame) -> dict[str, str]:
+    return {c.claim: c.verdict for c in d._claims(data)}
+
+
+def test_verdicts_hold_when_dyt_matches_and_ln_is_s_shaped():
+    verdicts = _verdicts(_runs(gpt_gap=0.001, fid_ratio=1.01, ln_shape="s"))
+    assert len(verdicts) == 9  # 2 DyTs vs LN, vs RMSNorm; DiT; alpha0 0.25, 1; tanh; depth
+    assert set(verdicts.values()) == {HOLDS}, verdicts
+
+
+def test_verdicts_fail_when_dyt_is_worse_and_ln_maps_are_lines():
+    verdicts = _verdicts(_runs(gpt_gap=0.3, fid_ratio=1.5, ln_shape="line"))
+    matches = [v for c, v in verdicts.items() if "within" in c and "alpha0" not in c]
+    assert matches == [FAILS] * 5  # 2 GPT DyTs vs LN, vs RMSNorm; DiT
+    tanh = [v for c, v in verdicts.items() if "tanh" in c or "S-shape" in c]
+    assert tanh[0] == FAILS  # u ~ 0.95 per layer: not below 0.5
+    assert tanh[1] == FAILS  # deeper layers no more tanh-like than the first
+
+
+def test_a_users_norm_is_one_more_claim_against_layernorm():
+    data = _runs(gpt_gap=0.001, fid_ratio=1.0, ln_shape="s")
+    extra = data[data["arm"] == "gpt/dyt"].assign(arm="gpt/meanonly")
+    claims = [c.claim for c in d._claims(pd.concat([data, extra]))]
+    assert any(c.startswith("GPT: meanonly's final val loss is within") for c in claims)
+    assert d.arms_of(pd.concat([data, extra]), "gpt") == ["layernorm", "dyt", "rmsnorm",
+                                                          "meanonly"]  # fmt: skip
+
+
+def test_render_draws_from_runs_csv_alone():
+    result = d.render(_runs(gpt_gap=0.001, fid_ratio=1.0, ln_shape="s"))
+    assert len(result.claims) == 9 and result.figure.axes
