@@ -62,6 +62,8 @@ def test_unknown_name_fails_with_the_valid_ones(tmp_path: Path):
         "ln_placement",
         "ln_placement_init",
         "ln_rnn",
+        "dyt_vs_ln_gpt",
+        "dyt_vs_ln_dit",
     ],
 )
 def test_experiment_config_composes_with_its_sweep_grid(compose, tmp_path: Path, name: str):
@@ -272,3 +274,85 @@ def test_rmsnorm_speed_grids_time_300_pairs_and_train_600_steps_of_one_model(
     steps = cfg.trainer.max_epochs * cfg.data.train_batches_per_epoch
     assert steps == (20 if quick else 600) and cfg.data.seed == 2 and not cfg.test
     assert cfg.callbacks.get("paired_step_time") is None
+
+
+def test_dyt_vs_ln_grids_compose_the_papers_arms(compose, tmp_path):
+    from hydra.core.hydra_config import HydraConfig
+
+    repro = REPRODUCTIONS["dyt_vs_ln"]
+    gpt, dyt, dit = repro.grids
+    cfg = compose([f"experiment={gpt.experiment}", "seed=1"], tmp_path)
+    assert HydraConfig.get().sweeper.params["norm"] == "layernorm,dyt,rmsnorm"
+    net = cfg.model.net
+    assert (net.depth, net.d_model, net.n_heads, cfg.placement.name) == (4, 128, 4, "pre")
+    assert net.embed_scale is None and cfg.data.seed == 1 and not cfg.test
+    assert cfg.trainer.max_epochs * cfg.data.train_batches_per_epoch == 600
+    cfg = compose([f"experiment={dyt.experiment}", *dyt.overrides[:2], "norm.alpha0=2.0"],
+                  tmp_path)  # fmt: skip
+    assert cfg.norm.name == "dyt" and cfg.norm.alpha0 == 2.0 and cfg.model.net.embed_scale == 50
+    cfg = compose([f"experiment={dit.experiment}"], tmp_path)
+    assert cfg.trainer.max_epochs * cfg.trainer.limit_train_batches == 1200
+    assert cfg.callbacks.fid.num_samples == 2000 and cfg.callbacks.fid.guidance_scale == 1.0
+    assert cfg.callbacks.fid.every_n_epochs == cfg.trainer.max_epochs  # once, at the end
+
+
+def test_with_norm_adds_a_users_norm_to_the_grids_that_compare_norms():
+    repro = REPRODUCTIONS["dyt_vs_ln"].with_norm("meanonly", "examples.my_norm")
+    added = {g.name: g for g in repro.grids if g.name.endswith("-meanonly")}
+    assert sorted(added) == ["dit-meanonly", "gpt-meanonly"]
+    assert added["gpt-meanonly"].overrides[-3:] == (
+        "norm=custom", "norm.name=meanonly", "plugins=[examples.my_norm]"
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="fixed arms"):
+        REPRODUCTIONS["ln_rnn"].with_norm("meanonly", None)
+    with pytest.raises(ValueError, match="registered norm"):
+        REPRODUCTIONS["dyt_vs_ln"].with_norm("x y", None)
+    assert [g.name for g in repro.only(["gpt-meanonly"]).grids] == ["gpt-meanonly"]
+    with pytest.raises(ValueError, match="no grid nope"):
+        repro.only(["nope"])
+
+
+def test_grids_option_replaces_only_its_arms_in_the_evidence(tmp_path):
+    path = tmp_path / "runs.csv"
+    old = pd.DataFrame({"arm": ["a", "a", "b"], "seed": [0, 1, 0], "x": [None] * 3,
+                        "metric": ["m"] * 3, "value": [1.0, 2.0, 3.0]})  # fmt: skip
+    old.to_csv(path, index=False)
+    new = pd.DataFrame({"arm": ["b", "c"], "seed": [0, 0], "x": [None] * 2,
+                        "metric": ["m"] * 2, "value": [30.0, 40.0]})  # fmt: skip
+    merged = script._merge(new, path)
+    assert list(zip(merged["arm"], merged["value"], strict=True)) == [
+        ("a", 1.0), ("a", 2.0), ("b", 30.0), ("c", 40.0)
+    ]  # fmt: skip
+    assert script._merge(new, tmp_path / "absent.csv") is new
+
+
+def test_norm_and_grids_options_are_checked_before_any_work(tmp_path):
+    done = reproduce("ln_rnn", "--norm", "meanonly", root=tmp_path)
+    assert done.returncode != 0 and "fixed arms" in done.stderr
+    done = reproduce("dyt_vs_ln", "--grids", "nope", root=tmp_path)
+    assert done.returncode != 0 and "no grid nope" in done.stderr
+    done = reproduce("dyt_vs_ln", "--plugin", "examples.my_norm", root=tmp_path)
+    assert done.returncode != 0 and "--plugin goes with --norm" in done.stderr
+    assert not (tmp_path / "outputs" / "reproduce").exists()
+
+
+@pytest.mark.slow
+def test_a_users_norm_runs_through_a_reproduction_as_one_more_arm(tmp_path):
+    """examples/my_norm.py's mean-only LayerNorm against LayerNorm in dyt_vs_ln's GPT grid,
+    with --quick: its own arm, its claim, evidence beside the reproduction's own."""
+    args = ["--quick", "--jobs", "2", "--grids", "gpt,gpt-meanonly", "--norm", "meanonly"]
+    done = reproduce("dyt_vs_ln", *args, "--plugin", "examples.my_norm", root=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = tmp_path / "outputs" / "figures" / "quick"
+    jobs = pd.read_csv(figures / "dyt_vs_ln+meanonly" / "jobs.csv")
+    assert (jobs["status"] == "ok").all()
+    assert sorted(jobs["arm"].unique()) == ["gpt/dyt", "gpt/layernorm", "gpt/meanonly",
+                                            "gpt/rmsnorm"]  # fmt: skip
+    claims = pd.read_csv(figures / "dyt_vs_ln+meanonly.claims.csv").set_index("claim")
+    mine = claims.loc["GPT: meanonly's final val loss is within +-0.05 nats of LayerNorm's"]
+    assert mine["n_seeds"] == 2 and mine["verdict"] in (
+        "holds", "does not hold", "undecided (within noise)"
+    )  # fmt: skip
+    md = (figures / "dyt_vs_ln+meanonly.md").read_text()
+    assert "--norm meanonly --plugin examples.my_norm --quick" in md
+    assert not (figures / "dyt_vs_ln.md").exists()  # the reproduction's own evidence untouched

@@ -61,12 +61,14 @@ def errors(data: pd.DataFrame, arm_: str) -> pd.DataFrame:
     rows = data[(data["arm"] == arm_) & (data["metric"] == "test/error")]
     table = rows.pivot(index="seed", columns="x", values="value")
     table.columns = [int(b) for b in table.columns]
-    return table
+    # every b of the paper's axis present (NaN where not run): an arm run at some b only, or
+    # not at all (a --grids run of other arms), still renders
+    return table.reindex(columns=sorted({BIG, 16, 8, 4, SMALL} | set(table.columns)))
 
 
 def _change(table: pd.DataFrame, b: int, base: pd.Series | None = None) -> list[float]:
     """Per seed: the error at b minus the error at b=32 (of `base` when given)."""
-    ref = table[BIG] if base is None else base
+    ref = table.get(BIG) if base is None else base
     if b not in table or ref is None:
         return []
     return list((table[b] - ref).dropna())
