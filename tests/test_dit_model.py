@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from normlab.errors import ConfigError
 from normlab.models.dit import CONDITIONINGS, DIT_SIZES, DiT
@@ -94,6 +95,80 @@ def test_cross_attn_and_in_context_use_plain_norms():
         net = tiny_dit(conditioning)
         assert not any(isinstance(m, AdaptiveNorm) for m in net.modules())
     assert sum(isinstance(m, AdaptiveNorm) for m in tiny_dit("adaln").modules()) == 2 * 2 + 1
+
+
+def randomized(net):
+    """net with every parameter drawn from N(0, 0.3^2): gates, regressions and outputs open."""
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.copy_(0.3 * torch.randn(p.shape, generator=g))
+    return net
+
+
+def ln(norm, x):
+    """A block's norm written out: LayerNorm over D with eps 1e-6 (DiT's), the module's affine
+    when it has one (the plain conditionings), none when adaptive (shift/scale replace it)."""
+    return F.layer_norm(x, x.shape[-1:], norm.weight, norm.bias, eps=1e-6)
+
+
+def regressed(adaptive, c):
+    """The chunks (shift, scale[, gate]) of an adaptive norm, Linear(SiLU(c)), each (B, 1, D)."""
+    lin = adaptive.modulation[1]
+    return [
+        t[:, None] for t in (F.silu(c) @ lin.weight.T + lin.bias).chunk(adaptive.num_chunks, -1)
+    ]
+
+
+def reference_block(conditioning, block, x, c, ctx):
+    """DiT's block, one formula per conditioning (Peebles & Xie 2023, Fig. 3)."""
+    if conditioning == "adaln_zero":  # x + gate * F(modulate(norm(x), shift, scale))
+        for norm, branch in ((block.norm1, block.attn), (block.norm2, block.mlp)):
+            shift, scale, gate = regressed(norm, c)
+            x = x + gate * branch(ln(norm.norm, x) * (1 + scale) + shift)
+        return x
+    if conditioning == "adaln":  # x + F(modulate(norm(x), shift, scale))
+        for norm, branch in ((block.norm1, block.attn), (block.norm2, block.mlp)):
+            shift, scale = regressed(norm, c)
+            x = x + branch(ln(norm.norm, x) * (1 + scale) + shift)
+        return x
+    x = x + block.attn(ln(block.norm1, x))  # plain pre-norm block
+    if conditioning == "cross_attn":
+        x = x + block.cross_attn(ln(block.norm_cross, x), ctx)
+    return x + block.mlp(ln(block.norm2, x))
+
+
+@pytest.mark.parametrize("conditioning", CONDITIONINGS)
+def test_each_block_and_the_model_are_their_formulas(conditioning):
+    net = randomized(tiny_dit(conditioning)).eval()
+    x, t, y = batch()
+    B, D = x.shape[0], TINY["hidden_size"]
+    tokens = torch.randn(B, 5, D, generator=torch.Generator().manual_seed(4))
+    c = torch.randn(B, D, generator=torch.Generator().manual_seed(5))
+    ctx = torch.randn(B, 2, D, generator=torch.Generator().manual_seed(6))
+    block = net.blocks[0]
+    with torch.no_grad():
+        torch.testing.assert_close(
+            block(tokens, c, ctx), reference_block(conditioning, block, tokens, c, ctx)
+        )
+        # the model: how t and y reach the blocks and which tokens reach the final layer
+        h = net.x_embedder(x) + net.pos_embed
+        t_emb, y_emb = net.t_embedder(t), net.y_embedder(y)
+        c = t_emb + y_emb if conditioning in ("adaln_zero", "adaln") else None
+        ctx = torch.stack([t_emb, y_emb], 1) if conditioning == "cross_attn" else None
+        if conditioning == "in_context":
+            h = torch.cat([t_emb[:, None], y_emb[:, None], h], 1)
+        for block in net.blocks:
+            h = reference_block(conditioning, block, h, c, ctx)
+        h = h[:, 2:] if conditioning == "in_context" else h
+        final = net.final_layer.norm
+        if c is None:
+            h = ln(final, h)
+        else:  # the final norm is an ungated AdaLN
+            shift, scale = regressed(final, c)
+            h = ln(final.norm, h) * (1 + scale) + shift
+        expected = net.unpatchify(net.final_layer.linear(h))
+        torch.testing.assert_close(net(x, t, y), expected)
 
 
 def test_unpatchify_inverts_row_major_patches():

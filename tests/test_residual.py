@@ -8,8 +8,10 @@ import pytest
 import torch
 from torch import nn
 
+from normlab.errors import ConfigError
 from normlab.norms import NormConfigError
 from normlab.norms.residual import (
+    DeepNorm,
     available_placements,
     create_residual,
     deepnorm_constants,
@@ -113,12 +115,47 @@ def test_deepnorm_alpha_scales_residual_not_sublayer(x):
     torch.testing.assert_close(block(x), 3.0 * x)
 
 
+@pytest.mark.parametrize("depth", [1, 6, 50])
+def test_deepnorm_owns_alpha_and_beta_of_a_stack(depth):
+    # DeepNet Table 1, written out: a decoder-only stack of M layers (the default arch) has
+    # alpha = (2M)^(1/4), beta = (8M)^(-1/4); an encoder of N layers the same in N.
+    for cfg in ({"name": "deepnorm"}, {"name": "deepnorm", "arch": "decoder"}, {"arch": "encoder"}):
+        kw = DeepNorm.stack_kwargs(cfg, depth)
+        assert kw == pytest.approx({"alpha": (2 * depth) ** 0.25, "beta": (8 * depth) ** -0.25})
+        block = create_residual("deepnorm", sublayer(), D, LAYERNORM, **kw)
+        assert (block.alpha, block.beta, block.init_gain) == (kw["alpha"], kw["beta"], kw["beta"])
+    with pytest.raises(ConfigError, match="encoder_decoder"):
+        DeepNorm.stack_kwargs({"arch": "encoder_decoder"}, depth)
+    for name in ("post", "pre", "sandwich", "none"):  # no keywords, unscaled branch init
+        assert placement_class(name).stack_kwargs({"arch": "encoder"}, depth) == {}
+        assert placement_class(name).init_gain == 1.0
+
+
+@pytest.mark.parametrize(
+    ("placement", "kw"), [("pre", {}), ("deepnorm", {"alpha": 2.0, "beta": 0.3})]
+)
+def test_init_branch_draws_xavier_normal_with_the_placements_gain(placement, kw):
+    # DeepNet Alg. 1: xavier_normal_(w, gain=beta), i.e. N(0, beta^2 * 2 / (fan_in + fan_out)),
+    # drawn in the order given; other placements use gain 1.
+    block = create_residual(placement, sublayer(), D, LAYERNORM, **kw)
+    linears = (nn.Linear(D, 3 * D), nn.Linear(3 * D, D))
+    torch.manual_seed(5)
+    block.init_branch(linears)
+    gain = kw.get("beta", 1.0)
+    torch.manual_seed(5)
+    for linear in linears:
+        expected = torch.empty_like(linear.weight).normal_(0, gain * math.sqrt(2 / (4 * D)))
+        torch.testing.assert_close(linear.weight, expected, rtol=0, atol=0)
+
+
 def test_names_normalised_and_unknown_listed():
     assert placement_class("Pre").name == "pre"
     with pytest.raises(ValueError, match=r"\['deepnorm', 'none', 'post', 'pre', 'sandwich'\]"):
         create_residual("middle", sublayer(), D, LAYERNORM)
     with pytest.raises(ValueError, match="alpha"):
         create_residual("deepnorm", sublayer(), D, LAYERNORM)
+    with pytest.raises(ValueError, match="beta must be a positive number"):
+        create_residual("deepnorm", sublayer(), D, LAYERNORM, alpha=2.0, beta=0.0)
 
 
 @pytest.mark.parametrize(

@@ -68,7 +68,10 @@ def test_deepnorm_beta_scales_exactly_v_out_and_mlp():
         if factor != 1.0:
             seen.add(name.rsplit(".", 2)[-2])
     assert seen == {"v_proj", "out_proj", "fc1", "fc2"}  # q_proj, k_proj: gain 1 in both
-    assert deep.blocks[0].attn.alpha == pytest.approx((2 * depth) ** 0.25)
+    for block in deep.blocks:  # the placement holds DeepNet's decoder constants for M = depth
+        for residual in (block.attn, block.mlp):
+            assert residual.alpha == pytest.approx((2 * depth) ** 0.25)
+            assert residual.beta == pytest.approx((8 * depth) ** -0.25)
 
 
 def test_zoo_overrides_and_errors():

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -38,8 +38,6 @@ from normlab.errors import ConfigError
 from normlab.norms import NormConfigError, norm_from_config, norm_keywords, norm_traits, norms_with
 from normlab.norms.adaptive import AdaLN, AdaLNZero, AdaptiveNorm, as_norm_config
 from normlab.norms.qknorm import check_qk_norm, create_qk_norm
-
-CONDITIONINGS = ("adaln_zero", "adaln", "cross_attn", "in_context")
 
 # ---------------------------------------------------------------------------------------------
 # Model zoo: hidden size D, depth, heads, patch size p. "tiny" trains on a laptop CPU on 28x28
@@ -148,23 +146,122 @@ class CrossAttention(nn.Module):
         return self.proj(out.transpose(1, 2).reshape(B, N, D))  # (B, N, D)
 
 
-def make_norm(conditioning: str, norm: Mapping[str, Any], dim: int, cond_dim: int) -> nn.Module:
-    """The norm before a residual branch: adaptive for the adaLN variants, else the plain norm."""
-    if conditioning == "adaln_zero":
-        return AdaLNZero(dim, cond_dim, norm)
-    if conditioning == "adaln":
-        return AdaLN(dim, cond_dim, norm)
-    return norm_from_config(norm, dim, channel_dim=-1)
+# ---------------------------------------------------------------------------------------------
+# Conditionings: how the blocks see the condition
+# ---------------------------------------------------------------------------------------------
+
+TokenNorm = nn.Module  # a norm of (B, T, D) tokens over D: a registry norm or an AdaptiveNorm
 
 
-def residual(x: torch.Tensor, norm: nn.Module, branch: Any, c: torch.Tensor | None) -> torch.Tensor:
-    """x + gate * branch(norm(x)): the norm reads c when adaptive; only adaLN-Zero has a gate."""
-    if isinstance(norm, AdaLNZero):
-        h, gate = norm(x, c)
-        return x + gate * branch(h)
-    if isinstance(norm, AdaptiveNorm):
-        return x + branch(norm(x, c))
-    return x + branch(norm(x))
+class Conditioning:
+    """How the blocks see the condition (t, y); one object per model, shared by its parts.
+
+    A conditioning builds the norms before the residual branches and before the final linear,
+    calls each of them in one way, `(h, gate) = normalize(norm, x, c)` (gate 1 for an ungated
+    branch), says whether a block has a cross-attention sub-layer, and turns the image tokens
+    and the embeddings of t and y into the blocks' input (tokens, c, ctx) and back. The base
+    class is the plain case: registry norms that do not read c, and neither c nor ctx.
+    """
+
+    name: ClassVar[str]
+    cross_attention: ClassVar[bool] = False  # a cross-attention sub-layer in each block reads ctx
+
+    def branch_norm(self, norm: Mapping[str, Any], dim: int) -> TokenNorm:
+        """The norm before a block's residual branch (attention, MLP)."""
+        return norm_from_config(norm, dim, channel_dim=-1)
+
+    def final_norm(self, norm: Mapping[str, Any], dim: int) -> TokenNorm:
+        """The norm before the final linear."""
+        return norm_from_config(norm, dim, channel_dim=-1)
+
+    def normalize(
+        self, norm: TokenNorm, x: torch.Tensor, c: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | float]:
+        """(h, gate): x normed (and modulated by c) and the gate of the branch that reads h."""
+        return norm(x), 1.0
+
+    def inputs(
+        self, tokens: torch.Tensor, t_emb: torch.Tensor, y_emb: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(tokens, c, ctx) the blocks read from the image tokens (B, N, D) and t_emb, y_emb
+        (B, D): c for adaptive norms, ctx for cross-attention."""
+        return tokens, None, None
+
+    def image_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The blocks' output tokens that the final layer maps to patches: (B, N, D)."""
+        return tokens
+
+
+class AdaLNZeroConditioning(Conditioning):
+    """c = emb(t) + emb(y) regresses every norm's shift/scale and each branch's gate; the
+    regressions start at zero (blocks start as the identity, the final norm as a plain norm)."""
+
+    name = "adaln_zero"
+
+    def branch_norm(self, norm: Mapping[str, Any], dim: int) -> TokenNorm:
+        return AdaLNZero(dim, dim, norm)
+
+    def final_norm(self, norm: Mapping[str, Any], dim: int) -> TokenNorm:
+        return AdaLN(dim, dim, norm, zero_init=True)
+
+    def normalize(
+        self, norm: TokenNorm, x: torch.Tensor, c: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | float]:
+        return norm.norm_and_gate(x, c)  # AdaLNZero: the regressed gate; AdaLN: 1
+
+    def inputs(
+        self, tokens: torch.Tensor, t_emb: torch.Tensor, y_emb: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        return tokens, t_emb + y_emb, None  # c: (B, D)
+
+
+class AdaLNConditioning(AdaLNZeroConditioning):
+    """As adaLN-Zero without gates, the regressions with the default init."""
+
+    name = "adaln"
+
+    def branch_norm(self, norm: Mapping[str, Any], dim: int) -> TokenNorm:
+        return AdaLN(dim, dim, norm)
+
+    def final_norm(self, norm: Mapping[str, Any], dim: int) -> TokenNorm:
+        return AdaLN(dim, dim, norm, zero_init=False)
+
+
+class CrossAttnConditioning(Conditioning):
+    """(emb(t), emb(y)) as a 2-token sequence ctx that a cross-attention in each block reads."""
+
+    name = "cross_attn"
+    cross_attention = True
+
+    def inputs(
+        self, tokens: torch.Tensor, t_emb: torch.Tensor, y_emb: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        return tokens, None, torch.stack([t_emb, y_emb], dim=1)  # ctx: (B, 2, D)
+
+
+class InContextConditioning(Conditioning):
+    """emb(t), emb(y) prepended to the image tokens, dropped before the final layer."""
+
+    name = "in_context"
+
+    def inputs(
+        self, tokens: torch.Tensor, t_emb: torch.Tensor, y_emb: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        return torch.cat([t_emb[:, None], y_emb[:, None], tokens], dim=1), None, None  # (B, 2+N, D)
+
+    def image_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        return tokens[:, 2:]  # (B, N, D)
+
+
+CONDITIONINGS: dict[str, type[Conditioning]] = {
+    cls.name: cls
+    for cls in (
+        AdaLNZeroConditioning,
+        AdaLNConditioning,
+        CrossAttnConditioning,
+        InContextConditioning,
+    )
+}
 
 
 class DiTBlock(nn.Module):
@@ -175,7 +272,7 @@ class DiTBlock(nn.Module):
         hidden_size: int,
         num_heads: int,
         mlp_ratio: float,
-        conditioning: str,
+        conditioning: Conditioning,
         norm: Mapping[str, Any],
         qk_norm: str | None = None,
         qk_norm_kw: Mapping[str, Any] | None = None,
@@ -186,7 +283,8 @@ class DiTBlock(nn.Module):
         def qk(dim: int, **_: Any) -> nn.Module:  # timm's norm_layer(head_dim, device=, dtype=)
             return create_qk_norm(qk_norm, dim, **(qk_norm_kw or {}))
 
-        self.norm1 = make_norm(conditioning, norm, D, D)
+        self.cond = conditioning
+        self.norm1 = conditioning.branch_norm(norm, D)
         if qk_norm is None:  # timm's Attention as before: q_norm, k_norm are nn.Identity
             self.attn = Attention(D, num_heads=num_heads, qkv_bias=True)
         else:  # timm normalizes each head's q, k over head_dim with norm_layer's modules
@@ -194,38 +292,37 @@ class DiTBlock(nn.Module):
                 D, num_heads=num_heads, qkv_bias=True, qk_norm=True, norm_layer=qk
             )
         self.cross_attn = None
-        if conditioning == "cross_attn":
+        if conditioning.cross_attention:
             self.norm_cross = norm_from_config(norm, D, channel_dim=-1)
             heads = (qk(D // num_heads), qk(D // num_heads)) if qk_norm else (None, None)
             self.cross_attn = CrossAttention(D, num_heads, *heads)
-        self.norm2 = make_norm(conditioning, norm, D, D)
+        self.norm2 = conditioning.branch_norm(norm, D)
         self.mlp = Mlp(D, int(D * mlp_ratio), act_layer=partial(nn.GELU, approximate="tanh"))
 
     def forward(
         self, x: torch.Tensor, c: torch.Tensor | None, ctx: torch.Tensor | None
     ) -> torch.Tensor:
-        x = residual(x, self.norm1, self.attn, c)  # (B, N, D)
+        h, gate = self.cond.normalize(self.norm1, x, c)  # norm, modulated by c when adaptive
+        x = x + gate * self.attn(h)  # (B, N, D)
         if self.cross_attn is not None:
             x = x + self.cross_attn(self.norm_cross(x), ctx)  # (B, N, D)
-        return residual(x, self.norm2, self.mlp, c)  # (B, N, D)
+        h, gate = self.cond.normalize(self.norm2, x, c)
+        return x + gate * self.mlp(h)  # (B, N, D)
 
 
 class FinalLayer(nn.Module):
     """Norm (adaptive for the adaLN variants, no gate) then Linear to p*p*C values per token."""
 
     def __init__(
-        self, hidden_size: int, out_dim: int, conditioning: str, norm: Mapping[str, Any]
+        self, hidden_size: int, out_dim: int, conditioning: Conditioning, norm: Mapping[str, Any]
     ) -> None:
         super().__init__()
-        if conditioning in ("adaln", "adaln_zero"):
-            zero = conditioning == "adaln_zero"
-            self.norm = AdaLN(hidden_size, hidden_size, norm, zero_init=zero)
-        else:
-            self.norm = norm_from_config(norm, hidden_size, channel_dim=-1)
+        self.cond = conditioning
+        self.norm = conditioning.final_norm(norm, hidden_size)
         self.linear = nn.Linear(hidden_size, out_dim)
 
     def forward(self, x: torch.Tensor, c: torch.Tensor | None) -> torch.Tensor:
-        h = self.norm(x, c) if isinstance(self.norm, AdaptiveNorm) else self.norm(x)  # (B, N, D)
+        h, _ = self.cond.normalize(self.norm, x, c)  # (B, N, D); the final norm has no gate
         return self.linear(h)  # (B, N, p*p*C)
 
 
@@ -287,6 +384,7 @@ class DiT(nn.Module):
                 f"tokens; choose one of {norms_with('tokenwise')}"
             )
         self.conditioning = conditioning
+        self.cond = CONDITIONINGS[conditioning]()
         self.in_channels = in_channels
         self.input_size = input_size
         self.num_classes = num_classes
@@ -299,10 +397,10 @@ class DiT(nn.Module):
         self.y_embedder = LabelEmbedder(num_classes, D, class_dropout)
         qk_kw = {} if norm_eps is None else {"eps": norm_eps}
         self.blocks = nn.ModuleList(
-            DiTBlock(D, shape["num_heads"], mlp_ratio, conditioning, norm, qk_norm, qk_kw)
+            DiTBlock(D, shape["num_heads"], mlp_ratio, self.cond, norm, qk_norm, qk_kw)
             for _ in range(shape["depth"])
         )
-        self.final_layer = FinalLayer(D, p * p * in_channels, conditioning, norm)
+        self.final_layer = FinalLayer(D, p * p * in_channels, self.cond, norm)
         self.initialize_weights()
 
     @property
@@ -345,16 +443,8 @@ class DiT(nn.Module):
         tokens = self.x_embedder(x) + self.pos_embed  # (B, N, D)
         t_emb = self.t_embedder(t)  # (B, D)
         y_emb = self.y_embedder(y)  # (B, D)
-        c = ctx = None
-        if self.conditioning in ("adaln", "adaln_zero"):
-            c = t_emb + y_emb  # (B, D)
-        elif self.conditioning == "cross_attn":
-            ctx = torch.stack([t_emb, y_emb], dim=1)  # (B, 2, D)
-        else:
-            tokens = torch.cat([t_emb[:, None], y_emb[:, None], tokens], dim=1)  # (B, 2+N, D)
+        tokens, c, ctx = self.cond.inputs(tokens, t_emb, y_emb)  # c (B, D), ctx (B, 2, D)
         for block in self.blocks:
             tokens = block(tokens, c, ctx)  # (B, N or 2+N, D)
-        if self.conditioning == "in_context":
-            tokens = tokens[:, 2:]  # (B, N, D)
-        out = self.final_layer(tokens, c)  # (B, N, p*p*C)
+        out = self.final_layer(self.cond.image_tokens(tokens), c)  # (B, N, p*p*C)
         return self.unpatchify(out)  # (B, C, H, W)

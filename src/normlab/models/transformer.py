@@ -11,12 +11,7 @@ from torch import nn
 
 from normlab.errors import ConfigError
 from normlab.norms.qknorm import check_qk_norm, create_qk_norm
-from normlab.norms.residual import (
-    create_residual,
-    deepnorm_constants,
-    placement_class,
-    tokenwise_norm,
-)
+from normlab.norms.residual import create_residual, placement_class, tokenwise_norm
 
 # Named sizes; any key can be overridden from the config (model.net.depth=6).
 ZOO: dict[str, dict[str, Any]] = {
@@ -150,20 +145,11 @@ class GPT(nn.Module):
             )
         self.vocab_size, self.depth, self.d_model = vocab_size, shape["depth"], shape["d_model"]
         self.n_heads, self.ctx, self.dropout = shape["n_heads"], shape["ctx"], shape["dropout"]
-        self.placement = placement_class(placement["name"]).name
+        placement_cls = placement_class(placement["name"])
+        self.placement = placement_cls.name
         self.qk_norm = check_qk_norm(qk_norm)  # layernorm | rmsnorm | None
-
-        residual_kw: dict[str, Any] = {}
-        self.deepnorm_beta: float | None = None
-        if self.placement == "deepnorm":
-            arch = placement.get("arch", "decoder")
-            if arch not in ("encoder", "decoder"):
-                raise ConfigError(
-                    f"placement.arch={arch!r}: a decoder-only GPT takes encoder or decoder "
-                    "(one stack of depth layers), not encoder_decoder"
-                )
-            alpha, self.deepnorm_beta = deepnorm_constants(arch, N=self.depth, M=self.depth)
-            residual_kw["alpha"] = alpha
+        # what the placement reads from its config for this stack (DeepNorm: alpha and beta)
+        residual_kw = placement_cls.stack_kwargs(placement, self.depth)
 
         D = self.d_model
         self.tok_emb = nn.Embedding(vocab_size, D)
@@ -179,7 +165,7 @@ class GPT(nn.Module):
             Block(D, self.n_heads, self.dropout, self.placement, norm, self.qk_norm, **residual_kw)
             for _ in range(self.depth)
         )
-        needs_final = placement_class(self.placement).needs_final_norm
+        needs_final = placement_cls.needs_final_norm
         self.final_norm = tokenwise_norm(norm, D, self.placement) if needs_final else nn.Identity()
         self.lm_head = nn.Linear(D, vocab_size, bias=False)
         if tie_weights:
@@ -196,17 +182,17 @@ class GPT(nn.Module):
         for emb in (self.tok_emb, self.pos_emb, self.lm_head):
             nn.init.normal_(emb.weight, mean=0.0, std=0.02)
         # Every linear of every block: xavier_normal (gain 1), zero bias - the Post-LN setup
-        # DeepNet starts from, so placements differ only in where the norm sits.
-        # DeepNorm: the value and output projections and both MLP weights get gain beta
-        # (Wang et al. 2022, Alg. 1) to bound the model update; q and k keep gain 1 because
-        # they only shape the attention weights, not the magnitude of the residual branch.
-        beta = self.deepnorm_beta
+        # DeepNet starts from, so placements differ only in where the norm sits. q and k keep
+        # gain 1 in every placement: they only shape the attention weights, not the magnitude
+        # of the residual branch. Each placement draws its branch's value path (value and output
+        # projections, both MLP weights) with its own gain: 1, or DeepNorm's beta (Wang et al.
+        # 2022, Alg. 1) to bound the model update (normlab.norms.residual.Residual.init_branch).
         for block in self.blocks:
             attn, mlp = block.attn.sublayer, block.mlp.sublayer
             for linear in (attn.q_proj, attn.k_proj):
                 nn.init.xavier_normal_(linear.weight, gain=1.0)
-            for linear in (attn.v_proj, attn.out_proj, mlp.fc1, mlp.fc2):
-                nn.init.xavier_normal_(linear.weight, gain=1.0 if beta is None else beta)
+            block.attn.init_branch((attn.v_proj, attn.out_proj))
+            block.mlp.init_branch((mlp.fc1, mlp.fc2))
             for linear in (attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj, mlp.fc1, mlp.fc2):
                 nn.init.zeros_(linear.bias)
         # Norms keep their own identity init (weight 1, bias 0) from the norms package.

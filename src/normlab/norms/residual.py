@@ -18,12 +18,13 @@ through a transpose.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
+from normlab.errors import ConfigError
 from normlab.norms import NormConfigError, norm_from_config, norm_traits, norms_with
 
 DEEPNORM_ARCHS = ("encoder", "decoder", "encoder_decoder")
@@ -78,14 +79,33 @@ def deepnorm_constants(
 
 
 class Residual(nn.Module):
-    """A residual sublayer with its norm(s); subclasses say where the norm sits."""
+    """A residual sublayer with its norm(s); subclasses say where the norm sits.
+
+    A placement also owns what it needs from the model around it: the constructor keywords it
+    reads from its config for a stack of `depth` blocks (`stack_kwargs`), and the init of its
+    branch's value path (`init_branch`), so a model builds every placement the same way.
+    """
 
     name: ClassVar[str]
     needs_final_norm: ClassVar[bool] = False  # the residual stream leaves the last block unnormed
+    init_gain: float = 1.0  # xavier gain of the branch's value path (DeepNorm: beta)
 
     def __init__(self, sublayer: nn.Module, d_model: int, norm_cfg: Mapping[str, Any]) -> None:
         super().__init__()
         self.sublayer = sublayer
+
+    @classmethod
+    def stack_kwargs(cls, cfg: Mapping[str, Any], depth: int) -> dict[str, Any]:
+        """The keywords (beyond sublayer, d_model, norm_cfg) of this placement in every block
+        of a stack of `depth` blocks, from its config (`placement=...`); none by default."""
+        return {}
+
+    def init_branch(self, value_path: Iterable[nn.Linear]) -> None:
+        """Draw the weights of the branch's value path, the linears that carry the size of F(x)
+        (attention's value and output projections, the MLP's linears): xavier_normal with gain
+        `init_gain` (1: the Post-LN setup every placement shares), in the order given."""
+        for linear in value_path:
+            nn.init.xavier_normal_(linear.weight, gain=self.init_gain)
 
 
 class PostNorm(Residual):
@@ -116,21 +136,47 @@ class PreNorm(Residual):
 
 
 class DeepNorm(Residual):
-    """DeepNorm: Norm(alpha * x + F(x)); the model scales F's init by beta."""
+    """DeepNorm: Norm(alpha * x + F(x)), F's value path drawn with xavier gain beta.
+
+    DeepNet's Algorithm 1 (Wang et al. 2022): xavier_normal_(w, gain=beta) for the FFN and the
+    value and output projections; q and k keep gain 1 (they only shape the attention weights,
+    not the magnitude of the branch), so the model draws them itself. `stack_kwargs` gives the
+    (alpha, beta) of Table 1 for a stack of `depth` blocks; beta=1 leaves the init unscaled.
+    """
 
     name = "deepnorm"
 
     def __init__(
-        self, sublayer: nn.Module, d_model: int, norm_cfg: Mapping[str, Any], alpha: float
+        self,
+        sublayer: nn.Module,
+        d_model: int,
+        norm_cfg: Mapping[str, Any],
+        alpha: float,
+        beta: float = 1.0,
     ) -> None:
         super().__init__(sublayer, d_model, norm_cfg)
-        if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha > 0):
-            raise ValueError(f"deepnorm: alpha must be a positive number, got {alpha!r}")
+        for key, value in (("alpha", alpha), ("beta", beta)):
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"deepnorm: {key} must be a positive number, got {value!r}")
         self.alpha = float(alpha)
+        self.beta = self.init_gain = float(beta)
         self.norm = tokenwise_norm(norm_cfg, d_model, self.name)
 
+    @classmethod
+    def stack_kwargs(cls, cfg: Mapping[str, Any], depth: int) -> dict[str, Any]:
+        """DeepNet's (alpha, beta) for one stack of `depth` blocks: placement.arch is encoder
+        (N = depth) or decoder (M = depth, the default: a decoder-only model)."""
+        arch = cfg.get("arch", "decoder")
+        if arch not in ("encoder", "decoder"):
+            raise ConfigError(
+                f"placement.arch={arch!r}: one stack of {depth} layers (a decoder-only model) "
+                "takes encoder or decoder, not encoder_decoder"
+            )
+        alpha, beta = deepnorm_constants(arch, N=depth, M=depth)
+        return {"alpha": alpha, "beta": beta}
+
     def extra_repr(self) -> str:
-        return f"alpha={self.alpha:.4g}"
+        return f"alpha={self.alpha:.4g}, beta={self.beta:.4g}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.norm(self.alpha * x + self.sublayer(x))  # (B, T, D)
@@ -185,7 +231,8 @@ def placement_class(placement: str) -> type[Residual]:
 def create_residual(
     placement: str, sublayer: nn.Module, d_model: int, norm_cfg: Mapping[str, Any], **kw: Any
 ) -> Residual:
-    """Wrap `sublayer` in the named placement, norms from `norm_cfg` (deepnorm needs alpha=)."""
+    """Wrap `sublayer` in the named placement, norms from `norm_cfg` (deepnorm needs alpha=;
+    a model gets every keyword of a placement from `placement_class(name).stack_kwargs`)."""
     cls = placement_class(placement)
     try:
         return cls(sublayer, d_model, norm_cfg, **kw)
