@@ -99,6 +99,29 @@ def test_cfg_job_prints_the_composed_config():
     )
 
 
+GPT_SHAPE = {"depth": 4, "d_model": 64, "n_heads": 4, "ctx": 64, "dropout": 0.0}
+DIT_SHAPE = {"hidden_size": 96, "depth": 4, "num_heads": 4, "patch_size": 4}
+
+
+@pytest.mark.parametrize(
+    "args,shape",
+    [
+        (["model=transformer"], GPT_SHAPE),
+        (["experiment=dit"], DIT_SHAPE),
+        (["model=transformer", "size=transformer/small", "model.net.depth=2"],
+         {"depth": 2, "d_model": 256, "n_heads": 8, "ctx": 256, "dropout": 0.1}),
+        (["experiment=dit_conditioning_deep", "size=dit/S/2"],
+         {"hidden_size": 384, "depth": 8, "num_heads": 6, "patch_size": 2}),
+    ],
+)  # fmt: skip
+def test_cfg_job_shows_the_model_shape_as_numbers(args, shape):
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create(run_cli("--cfg", "job", *args).stdout)
+    net = cfg.model.net
+    assert "size" not in net and {k: net[k] for k in shape} == shape  # no null left to fill in
+
+
 def test_multirun_over_norms_writes_a_summary(tmp_path):
     norms = "batchnorm,groupnorm,layernorm,instancenorm,rmsnorm,none"
     run_cli("-m", f"norm={norms}", "batch=32", *TINY, f"hydra.sweep.dir={tmp_path}")

@@ -27,7 +27,7 @@ DATA_ROOT = Path(os.environ["NORMLAB_DATA"])
 
 def gpt(placement: str, seed: int = 0, **kw) -> GPT:
     torch.manual_seed(seed)
-    return GPT(65, {"name": placement, "arch": "decoder"}, LAYERNORM, size="tiny", **kw)
+    return GPT(65, {"name": placement, "arch": "decoder"}, LAYERNORM, **kw)
 
 
 def text_batch(ctx: int = 64, batch: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,14 +71,16 @@ def test_deepnorm_beta_scales_exactly_v_out_and_mlp():
     assert deep.blocks[0].attn.alpha == pytest.approx((2 * depth) ** 0.25)
 
 
-def test_zoo_overrides_and_errors():
+def test_explicit_shape_and_errors():
     model = gpt("pre", depth=2, d_model=32, n_heads=2, ctx=16)
     assert (len(model.blocks), model.d_model, model.ctx) == (2, 32, 16)
     assert model.lm_head.weight is model.tok_emb.weight
     with pytest.raises(ConfigError, match="n_heads=3 does not divide model.net.d_model=64"):
         gpt("pre", n_heads=3)
-    with pytest.raises(ConfigError, match="'huge' is not one of"):
-        GPT(65, {"name": "pre"}, LAYERNORM, size="huge")
+    with pytest.raises(ConfigError, match=r"model.net.depth must be a positive integer, got None"):
+        gpt("pre", depth=None)  # no null: the shape is always given
+    with pytest.raises(ConfigError, match=r"model.net.dropout must be a number in \[0, 1\]"):
+        gpt("pre", dropout=None)
     with pytest.raises(ConfigError, match="encoder_decoder"):
         GPT(65, {"name": "deepnorm", "arch": "encoder_decoder"}, LAYERNORM)
 
