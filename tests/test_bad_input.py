@@ -125,6 +125,8 @@ ONE_LINE = [
     ("transformer with a DiT size", ["model=transformer", "size=dit/S/2"],
      r"error: size=dit/S/2 is a shape of model=dit, not of model=transformer: the sizes of "
      r"model=transformer are conf/size/transformer/<name>\.yaml \(size=transformer/<name>\)"),
+    ("data ctx longer than the transformer's", ["model=transformer", "data.ctx=65"],
+     r"error: data\.ctx=65 is longer than the model's context length model\.net\.ctx=64"),
     ("transformer depth null", ["model=transformer", "model.net.depth=null"],
      r"error: .*model\.net\.depth must be a positive integer, got None"),
     ("GPT QK-norm that is not one", ["model=transformer", "model.net.qk_norm=batchnorm"],

@@ -120,6 +120,23 @@ def test_cfg_job_shows_the_model_shape_as_numbers(args, shape):
     cfg = OmegaConf.create(run_cli("--cfg", "job", *args).stdout)
     net = cfg.model.net
     assert "size" not in net and {k: net[k] for k in shape} == shape  # no null left to fill in
+    if "ctx" in shape:
+        assert OmegaConf.to_container(cfg.data)["ctx"] == "${model.net.ctx}"
+        assert cfg.data.ctx == shape["ctx"]
+
+
+def test_compose_gives_the_data_the_models_ctx(compose, tmp_path):
+    from hydra.utils import instantiate
+
+    from normlab.config import validate
+
+    for args, ctx in ((["model=transformer", "model.net.ctx=16"], 16), (["model=lstm"], 64)):
+        cfg = compose(args, tmp_path)
+        validate(cfg)
+        assert cfg.data.ctx == ctx and instantiate(cfg.data).ctx == ctx
+    cfg = compose([], tmp_path)  # LeNet on Fashion-MNIST: no ctx anywhere
+    validate(cfg)
+    assert "ctx" not in cfg.data and "ctx" not in cfg.model.net
 
 
 def test_multirun_over_norms_writes_a_summary(tmp_path):

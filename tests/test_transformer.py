@@ -241,9 +241,9 @@ def test_ln_placement_init_logs_w2_gradients_at_init_of_its_seed_without_a_step(
     }
     pl.seed_everything(3)  # the seed sets the init and (data.seed) the batches
     task = instantiate(cfg.model)
-    data = instantiate(cfg.data, ctx=task.net.ctx)
+    data = instantiate(cfg.data)
     data.setup()
-    assert data.seed == 3
+    assert data.seed == 3 and data.ctx == task.net.ctx  # data.ctx: ${model.net.ctx}
     expected = GradAtInit(batches=2).norms(task, data.train_dataloader())
     logged = [float(row[f"grad_init/block_{i:02d}/w2"]) for i in range(3)]
     assert logged == pytest.approx(expected, rel=1e-5)

@@ -170,6 +170,12 @@ def validate(cfg: DictConfig) -> None:
     if progress not in PROGRESS:
         raise ConfigError(f"progress must be one of {', '.join(PROGRESS)}, got {progress!r}")
     _positive_int(cfg, "trainer.devices")
+    _positive_int(cfg, "data.ctx")
+    ctx, model_ctx = (OmegaConf.select(cfg, key) for key in ("data.ctx", "model.net.ctx"))
+    if isinstance(ctx, int) and isinstance(model_ctx, int) and ctx > model_ctx:
+        raise ConfigError(
+            f"data.ctx={ctx} is longer than the model's context length model.net.ctx={model_ctx}"
+        )
     _positive_int(cfg, "num_threads")
     seed = OmegaConf.select(cfg, "seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
