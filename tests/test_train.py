@@ -139,6 +139,26 @@ def test_compose_gives_the_data_the_models_ctx(compose, tmp_path):
     assert "ctx" not in cfg.data and "ctx" not in cfg.model.net
 
 
+def test_compose_builds_the_scheduler_like_the_optimizer(compose, tmp_path):
+    from functools import partial
+
+    from hydra.utils import instantiate
+
+    cfg = compose(["model=transformer", "optim.schedule=cosine"], tmp_path)  # adamw: warmup 100
+    scheduler = instantiate(cfg.optim.scheduler)
+    assert isinstance(scheduler, partial) and isinstance(instantiate(cfg.optim.optimizer), partial)
+    assert scheduler.keywords == {"schedule": "cosine", "warmup_steps": 100, "min_lr_ratio": 0.1}
+    task = instantiate(cfg.model)
+    optimizer, lr = task.optimizer_and_scheduler(lambda: 300)
+    seen = []
+    for _ in range(301):
+        seen.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        lr.step()
+    assert seen[0] == pytest.approx(1e-5) and seen[99] == seen[100] == pytest.approx(1e-3)
+    assert seen[200] == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5)) and seen[300] == pytest.approx(1e-4)
+
+
 def test_multirun_over_norms_writes_a_summary(tmp_path):
     norms = "batchnorm,groupnorm,layernorm,instancenorm,rmsnorm,none"
     run_cli("-m", f"norm={norms}", "batch=32", *TINY, f"hydra.sweep.dir={tmp_path}")
