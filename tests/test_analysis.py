@@ -627,7 +627,10 @@ def _dit_run(root: Path, conditioning: str, seed: int, fid: float, loss: float,
     run_dir = root / f"{conditioning}-{seed}"
     (run_dir / ".hydra").mkdir(parents=True)
     fid_cfg = {"num_samples": 5000, "steps": None, "guidance_scale": 1.0, "seed": 0}
-    net = {"size": "tiny", "depth": None, "conditioning": conditioning}
+    net = {"hidden_size": 96, "depth": 4, "num_heads": 4, "patch_size": 4}
+    if seed == 2:  # a config written before the shapes were explicit: depth from the size preset
+        net = {"size": "tiny", "depth": None}
+    net["conditioning"] = conditioning
     cfg = {"callbacks": {"fid": fid_cfg}, "model": {"sample_steps": 25, "guidance_scale": 1.5,
                                                     "net": net}}  # fmt: skip
     (run_dir / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))

@@ -122,6 +122,13 @@ ONE_LINE = [
      r"batch\*heads\*ctx\^2\*4 = 64\*4\*100000\^2\*4 = 9536\.7 GiB, activations .* GiB\) "
      r"but \d+\.\d GiB of memory is available \(MemAvailable\): lower the batch or the "
      r"model's size \(model\.net\.ctx, \.\.\.\)"),
+    ("transformer with a DiT size", ["model=transformer", "size=dit/S/2"],
+     r"error: size=dit/S/2 is a shape of model=dit, not of model=transformer: the sizes of "
+     r"model=transformer are conf/size/transformer/<name>\.yaml \(size=transformer/<name>\)"),
+    ("data ctx longer than the transformer's", ["model=transformer", "data.ctx=65"],
+     r"error: data\.ctx=65 is longer than the model's context length model\.net\.ctx=64"),
+    ("transformer depth null", ["model=transformer", "model.net.depth=null"],
+     r"error: .*model\.net\.depth must be a positive integer, got None"),
     ("GPT QK-norm that is not one", ["model=transformer", "model.net.qk_norm=batchnorm"],
      r"error: model\.net\.qk_norm='batchnorm' is not a QK-norm; valid: layernorm, rmsnorm or "
      r"null \(none\)"),

@@ -1,18 +1,22 @@
-"""The DiT model: adaLN-Zero identity at init, the four conditionings, the zoo, config errors."""
+"""The DiT model: adaLN-Zero identity at init, the four conditionings, the size presets, config
+errors."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import REPO
+from omegaconf import OmegaConf
 
 from normlab.errors import ConfigError
-from normlab.models.dit import CONDITIONINGS, DIT_SIZES, DiT
+from normlab.models.dit import CONDITIONINGS, DiT
 from normlab.norms import NormConfigError
 
 LN = {"name": "layernorm", "eps": 1e-5, "elementwise_affine": True, "bias": True, "impl": "fast"}
 TINY = {"hidden_size": 32, "depth": 2, "num_heads": 4, "patch_size": 4}
 B = 8
+SIZES = REPO / "conf" / "size" / "dit"  # the named shapes: size=dit/<name>
 
 
 def tiny_dit(conditioning="adaln_zero", **kw):
@@ -190,12 +194,22 @@ def test_label_dropout_only_in_training():
     assert not torch.equal(net.y_embedder(y), null.expand(B, -1))
 
 
-def test_zoo_shapes_are_consistent():
-    for name, shape in DIT_SIZES.items():
+def test_size_presets_are_consistent_and_tiny_is_the_default():
+    presets = {p.relative_to(SIZES).with_suffix("").as_posix(): p for p in SIZES.rglob("*.yaml")}
+    assert sorted(presets) == sorted(
+        ["tiny", *(f"{s}/{p}" for s in ("S", "B", "L", "XL") for p in (2, 4))]
+    )
+    for name, path in presets.items():
+        shape = OmegaConf.to_container(OmegaConf.load(path))
+        assert set(shape) == {"hidden_size", "depth", "num_heads", "patch_size"}, name
         assert shape["hidden_size"] % shape["num_heads"] == 0, name
         assert shape["hidden_size"] % 4 == 0, name  # 2D sin-cos positions
         assert 28 % shape["patch_size"] == 0, name
-    net = DiT(LN, size="tiny")
+    tiny = OmegaConf.load(presets["tiny"])
+    model_yaml = OmegaConf.load(REPO / "conf" / "model" / "dit.yaml").net
+    assert all(model_yaml[k] == v for k, v in tiny.items())  # conf/model/dit.yaml is tiny
+    net = DiT(LN)  # the constructor's defaults: the same tiny shape
+    assert (len(net.blocks), net.x_embedder.proj.out_channels, net.patch_size) == (4, 96, 4)
     assert net(*batch()).shape == (B, 1, 28, 28)
 
 
@@ -207,8 +221,8 @@ def test_rmsnorm_base():
 def test_bad_configs_fail_with_the_reason():
     with pytest.raises(ConfigError, match="conditioning"):
         DiT(LN, conditioning="concat")
-    with pytest.raises(ConfigError, match="size"):
-        DiT(LN, size="XXL/2")
+    with pytest.raises(ConfigError, match="depth must be a positive integer, got None"):
+        DiT(LN, **{**TINY, "depth": None})  # no null: the shape is always given
     with pytest.raises(ConfigError, match="patch_size=8 does not divide input_size=28"):
         DiT(LN, **{**TINY, "patch_size": 8})
     with pytest.raises(NormConfigError, match="batchnorm"):

@@ -231,7 +231,7 @@ def test_model_lstm_config_builds_the_lstm_on_shakespeare(compose, tmp_path):
     assert isinstance(net, LSTMLM) and (net.hidden_size, net.num_layers, net.ctx) == (256, 2, 64)
     assert task.example_input(3)[0].shape == (3, 64)
     data = instantiate(cfg.data)
-    assert data.ctx is None and data.vocab_size == net.vocab_size == 65  # ctx: the model's
+    assert data.ctx == 64 and data.vocab_size == net.vocab_size == 65  # ctx: the model's
     layers = hooked_layers(task)  # norm statistics: the three norms of each layer
     assert layers == {f"net.layers.{k}.norm_{t}" for k in range(2) for t in "xhc"}
 
@@ -263,8 +263,8 @@ def test_the_data_module_windows_are_the_lstm_context(compose, tmp_path):
 
     cfg = compose([*LSTM_TINY], tmp_path)
     task = instantiate(cfg.model)
-    data = instantiate(cfg.data, ctx=task.net.ctx)
-    assert isinstance(data, ShakespeareDataModule)
+    data = instantiate(cfg.data)
+    assert isinstance(data, ShakespeareDataModule) and data.ctx == task.net.ctx == 16
     data.setup()
     x, y = next(iter(data.train_dataloader()))
     assert x.shape == y.shape == (8, 16)

@@ -99,6 +99,66 @@ def test_cfg_job_prints_the_composed_config():
     )
 
 
+GPT_SHAPE = {"depth": 4, "d_model": 64, "n_heads": 4, "ctx": 64, "dropout": 0.0}
+DIT_SHAPE = {"hidden_size": 96, "depth": 4, "num_heads": 4, "patch_size": 4}
+
+
+@pytest.mark.parametrize(
+    "args,shape",
+    [
+        (["model=transformer"], GPT_SHAPE),
+        (["experiment=dit"], DIT_SHAPE),
+        (["model=transformer", "size=transformer/small", "model.net.depth=2"],
+         {"depth": 2, "d_model": 256, "n_heads": 8, "ctx": 256, "dropout": 0.1}),
+        (["experiment=dit_conditioning_deep", "size=dit/S/2"],
+         {"hidden_size": 384, "depth": 8, "num_heads": 6, "patch_size": 2}),
+    ],
+)  # fmt: skip
+def test_cfg_job_shows_the_model_shape_as_numbers(args, shape):
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create(run_cli("--cfg", "job", *args).stdout)
+    net = cfg.model.net
+    assert "size" not in net and {k: net[k] for k in shape} == shape  # no null left to fill in
+    if "ctx" in shape:
+        assert OmegaConf.to_container(cfg.data)["ctx"] == "${model.net.ctx}"
+        assert cfg.data.ctx == shape["ctx"]
+
+
+def test_compose_gives_the_data_the_models_ctx(compose, tmp_path):
+    from hydra.utils import instantiate
+
+    from normlab.config import validate
+
+    for args, ctx in ((["model=transformer", "model.net.ctx=16"], 16), (["model=lstm"], 64)):
+        cfg = compose(args, tmp_path)
+        validate(cfg)
+        assert cfg.data.ctx == ctx and instantiate(cfg.data).ctx == ctx
+    cfg = compose([], tmp_path)  # LeNet on Fashion-MNIST: no ctx anywhere
+    validate(cfg)
+    assert "ctx" not in cfg.data and "ctx" not in cfg.model.net
+
+
+def test_compose_builds_the_scheduler_like_the_optimizer(compose, tmp_path):
+    from functools import partial
+
+    from hydra.utils import instantiate
+
+    cfg = compose(["model=transformer", "optim.schedule=cosine"], tmp_path)  # adamw: warmup 100
+    scheduler = instantiate(cfg.optim.scheduler)
+    assert isinstance(scheduler, partial) and isinstance(instantiate(cfg.optim.optimizer), partial)
+    assert scheduler.keywords == {"schedule": "cosine", "warmup_steps": 100, "min_lr_ratio": 0.1}
+    task = instantiate(cfg.model)
+    optimizer, lr = task.optimizer_and_scheduler(lambda: 300)
+    seen = []
+    for _ in range(301):
+        seen.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        lr.step()
+    assert seen[0] == pytest.approx(1e-5) and seen[99] == seen[100] == pytest.approx(1e-3)
+    assert seen[200] == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5)) and seen[300] == pytest.approx(1e-4)
+
+
 def test_multirun_over_norms_writes_a_summary(tmp_path):
     norms = "batchnorm,groupnorm,layernorm,instancenorm,rmsnorm,none"
     run_cli("-m", f"norm={norms}", "batch=32", *TINY, f"hydra.sweep.dir={tmp_path}")

@@ -27,7 +27,7 @@ DATA_ROOT = Path(os.environ["NORMLAB_DATA"])
 
 def gpt(placement: str, seed: int = 0, **kw) -> GPT:
     torch.manual_seed(seed)
-    return GPT(65, {"name": placement, "arch": "decoder"}, LAYERNORM, size="tiny", **kw)
+    return GPT(65, {"name": placement, "arch": "decoder"}, LAYERNORM, **kw)
 
 
 def text_batch(ctx: int = 64, batch: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,14 +74,16 @@ def test_deepnorm_beta_scales_exactly_v_out_and_mlp():
             assert residual.beta == pytest.approx((8 * depth) ** -0.25)
 
 
-def test_zoo_overrides_and_errors():
+def test_explicit_shape_and_errors():
     model = gpt("pre", depth=2, d_model=32, n_heads=2, ctx=16)
     assert (len(model.blocks), model.d_model, model.ctx) == (2, 32, 16)
     assert model.lm_head.weight is model.tok_emb.weight
     with pytest.raises(ConfigError, match="n_heads=3 does not divide model.net.d_model=64"):
         gpt("pre", n_heads=3)
-    with pytest.raises(ConfigError, match="'huge' is not one of"):
-        GPT(65, {"name": "pre"}, LAYERNORM, size="huge")
+    with pytest.raises(ConfigError, match=r"model.net.depth must be a positive integer, got None"):
+        gpt("pre", depth=None)  # no null: the shape is always given
+    with pytest.raises(ConfigError, match=r"model.net.dropout must be a number in \[0, 1\]"):
+        gpt("pre", dropout=None)
     with pytest.raises(ConfigError, match="encoder_decoder"):
         GPT(65, {"name": "deepnorm", "arch": "encoder_decoder"}, LAYERNORM)
 
@@ -242,9 +244,9 @@ def test_ln_placement_init_logs_w2_gradients_at_init_of_its_seed_without_a_step(
     }
     pl.seed_everything(3)  # the seed sets the init and (data.seed) the batches
     task = instantiate(cfg.model)
-    data = instantiate(cfg.data, ctx=task.net.ctx)
+    data = instantiate(cfg.data)
     data.setup()
-    assert data.seed == 3
+    assert data.seed == 3 and data.ctx == task.net.ctx  # data.ctx: ${model.net.ctx}
     expected = GradAtInit(batches=2).norms(task, data.train_dataloader())
     logged = [float(row[f"grad_init/block_{i:02d}/w2"]) for i in range(3)]
     assert logged == pytest.approx(expected, rel=1e-5)

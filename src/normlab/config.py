@@ -109,13 +109,20 @@ def _reads_placement(node: object) -> bool:
 
 
 def check_combination(cfg: DictConfig) -> None:
-    """A model and data that fit (MODEL_DATA), and a placement only for a model that reads it."""
+    """A model and data that fit (MODEL_DATA), a size of that model (conf/size/<model>/), and a
+    placement only for a model that reads it."""
     choices = _choices()
     model, data = choices.get("model"), choices.get("data")
     fits = MODEL_DATA.get(model or "")
     if fits is not None and data is not None and data not in fits:
         takes = " or ".join(f"data={d}" for d in fits)
         raise ConfigError(f"model={model} does not train on data={data}: it takes {takes}")
+    size = choices.get("size")
+    if size is not None and model is not None and size.split("/")[0] != model:
+        raise ConfigError(
+            f"size={size} is a shape of model={size.split('/')[0]}, not of model={model}: the "
+            f"sizes of model={model} are conf/size/{model}/<name>.yaml (size={model}/<name>)"
+        )
     placement = OmegaConf.select(cfg, "placement.name", default=None)
     model_cfg = OmegaConf.to_container(cfg.model, resolve=False) if "model" in cfg else {}
     if placement not in (None, DEFAULT_PLACEMENT) and not _reads_placement(model_cfg):
@@ -163,6 +170,12 @@ def validate(cfg: DictConfig) -> None:
     if progress not in PROGRESS:
         raise ConfigError(f"progress must be one of {', '.join(PROGRESS)}, got {progress!r}")
     _positive_int(cfg, "trainer.devices")
+    _positive_int(cfg, "data.ctx")
+    ctx, model_ctx = (OmegaConf.select(cfg, key) for key in ("data.ctx", "model.net.ctx"))
+    if isinstance(ctx, int) and isinstance(model_ctx, int) and ctx > model_ctx:
+        raise ConfigError(
+            f"data.ctx={ctx} is longer than the model's context length model.net.ctx={model_ctx}"
+        )
     _positive_int(cfg, "num_threads")
     seed = OmegaConf.select(cfg, "seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):

@@ -24,14 +24,14 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from normlab import fid_train
 from normlab.analysis.curves import metric
 from normlab.analysis.logs import Run
 from normlab.analysis.report import Claim, Result
 from normlab.analysis.stats import ABOVE, Interval
-from normlab.models.dit import DIT_SIZES
+from normlab.analysis.sweep import REPO
 
 # ----- the paper's numbers (DiT Table 4: XL/2, 400K steps, FID-50K on ImageNet 256, no cfg) ----
 PAPER_FID = {"adaln_zero": 19.47, "adaln": 25.21, "cross_attn": 26.14, "in_context": 35.24}
@@ -128,6 +128,15 @@ def resample(runs: list[Run], jobs: int, repo: Path) -> None:
 # ----- run logs -> runs.csv ----------------------------------------------------------------------
 
 
+def _depth(net: DictConfig) -> int:
+    """The DiT's number of blocks: model.net.depth of the job's composed config. A config
+    written before the shapes were explicit has depth null and names its shape in
+    model.net.size: that size's preset, conf/size/dit/<size>.yaml, has the depth."""
+    if net.get("depth") is not None:
+        return net.depth
+    return OmegaConf.load(REPO / "conf" / "size" / "dit" / f"{net.size}.yaml").depth
+
+
 def _settings(run: Run) -> dict[str, float]:
     """The fid settings and the depth of a job, from its composed config."""
     cfg = OmegaConf.load(run.run_dir / ".hydra" / "config.yaml")
@@ -136,8 +145,7 @@ def _settings(run: Run) -> dict[str, float]:
         found["config/fid_guidance"] = cfg.model.guidance_scale
     if found["config/fid_steps"] is None:
         found["config/fid_steps"] = cfg.model.sample_steps
-    net = cfg.model.net
-    found[DEPTH] = net.depth if net.depth is not None else DIT_SIZES[net.size]["depth"]
+    found[DEPTH] = _depth(cfg.model.net)
     return {name: float(value) for name, value in found.items()}
 
 

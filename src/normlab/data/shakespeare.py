@@ -77,14 +77,18 @@ class FixedBatches:
 
 
 class ShakespeareDataModule(pl.LightningDataModule):
-    """Char-level tiny Shakespeare: 90/10 split, random training windows, fixed val windows."""
+    """Char-level tiny Shakespeare: 90/10 split, random training windows, fixed val windows.
+
+    `ctx` is the window length; conf/data/shakespeare.yaml sets it to the model's context
+    length (${model.net.ctx}).
+    """
 
     def __init__(
         self,
         root: str,
         batch_size: int,
         vocab_size: int = 65,
-        ctx: int | None = None,
+        ctx: int = 64,
         train_batches_per_epoch: int = 100,
         val_batches: int = 8,
         val_fraction: float = 0.1,
@@ -99,7 +103,7 @@ class ShakespeareDataModule(pl.LightningDataModule):
         self.val_fraction, self.seed, self.download = val_fraction, seed, download
         self.url = url
         self.chars: list[str] = []
-        for key in ("train_batches_per_epoch", "val_batches"):  # 0: an epoch with no batches
+        for key in ("ctx", "train_batches_per_epoch", "val_batches"):  # 0: no batches / windows
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise DataError(f"data.{key} must be a positive integer, got {value!r}")
@@ -160,15 +164,6 @@ class ShakespeareDataModule(pl.LightningDataModule):
         data = torch.tensor([stoi[c] for c in text], dtype=torch.long)  # (N,)
         n_train = int(len(data) * (1 - self.val_fraction))
         self.train_data, self.val_data = data[:n_train], data[n_train:]
-        model_ctx = self.trainer.lightning_module.net.ctx if self.trainer else None
-        if self.ctx is None:
-            if model_ctx is None:
-                raise ConfigError("data.ctx=null takes the model's context length: give ctx")
-            self.ctx = model_ctx
-        if model_ctx is not None and self.ctx > model_ctx:
-            raise ConfigError(
-                f"data.ctx={self.ctx} is longer than the model's context length {model_ctx}"
-            )
         if len(self.train_data) <= self.ctx:
             raise DataError(
                 f"the training split has {len(self.train_data)} characters (data.val_fraction="

@@ -40,24 +40,6 @@ from normlab.norms.adaptive import AdaLN, AdaLNZero, AdaptiveNorm, as_norm_confi
 from normlab.norms.qknorm import check_qk_norm, create_qk_norm
 
 # ---------------------------------------------------------------------------------------------
-# Model zoo: hidden size D, depth, heads, patch size p. "tiny" trains on a laptop CPU on 28x28
-# (p=4 -> 49 tokens); the others are the paper's DiT-S/B/L/XL shapes, for GPUs.
-# ---------------------------------------------------------------------------------------------
-
-DIT_SIZES: dict[str, dict[str, int]] = {
-    "tiny": {"hidden_size": 96, "depth": 4, "num_heads": 4, "patch_size": 4},
-    "S/2": {"hidden_size": 384, "depth": 12, "num_heads": 6, "patch_size": 2},
-    "S/4": {"hidden_size": 384, "depth": 12, "num_heads": 6, "patch_size": 4},
-    "B/2": {"hidden_size": 768, "depth": 12, "num_heads": 12, "patch_size": 2},
-    "B/4": {"hidden_size": 768, "depth": 12, "num_heads": 12, "patch_size": 4},
-    "L/2": {"hidden_size": 1024, "depth": 24, "num_heads": 16, "patch_size": 2},
-    "L/4": {"hidden_size": 1024, "depth": 24, "num_heads": 16, "patch_size": 4},
-    "XL/2": {"hidden_size": 1152, "depth": 28, "num_heads": 16, "patch_size": 2},
-    "XL/4": {"hidden_size": 1152, "depth": 28, "num_heads": 16, "patch_size": 4},
-}
-
-
-# ---------------------------------------------------------------------------------------------
 # Embeddings: 2D sin-cos positions, timesteps, class labels
 # ---------------------------------------------------------------------------------------------
 
@@ -332,49 +314,49 @@ class FinalLayer(nn.Module):
 
 
 class DiT(nn.Module):
-    """Class-conditional DiT predicting the noise eps of x_t: forward(x, t, y) -> (B, C, H, W)."""
+    """Class-conditional DiT predicting the noise eps of x_t: forward(x, t, y) -> (B, C, H, W).
+
+    The shape (hidden_size D, depth, num_heads, patch_size p) is given explicitly; the defaults
+    are the "tiny" DiT of conf/model/dit.yaml, which trains on a CPU on 28x28 (p=4 -> 49 tokens).
+    The paper's DiT-S/2 ... XL/4 shapes are conf/size/dit/*.yaml (size=dit/S/2, ...).
+    """
 
     def __init__(
         self,
         norm: Mapping[str, Any] | str | None = "layernorm",
-        size: str = "tiny",
         conditioning: str = "adaln_zero",
         input_size: int = 28,
         in_channels: int = 1,
         num_classes: int = 10,
         class_dropout: float = 0.1,
         mlp_ratio: float = 4.0,
-        hidden_size: int | None = None,
-        depth: int | None = None,
-        num_heads: int | None = None,
-        patch_size: int | None = None,
+        hidden_size: int = 96,
+        depth: int = 4,
+        num_heads: int = 4,
+        patch_size: int = 4,
         norm_eps: float | None = 1e-6,
         qk_norm: str | None = None,
     ) -> None:
         super().__init__()
         qk_norm = check_qk_norm(qk_norm)  # layernorm | rmsnorm | None
-        if size not in DIT_SIZES:
-            raise ConfigError(f"dit: size={size!r} is not one of {list(DIT_SIZES)}")
         if conditioning not in CONDITIONINGS:
             raise ConfigError(
                 f"dit: conditioning={conditioning!r} is not one of {list(CONDITIONINGS)}"
             )
-        shape = dict(DIT_SIZES[size])
-        for key, value in (
-            ("hidden_size", hidden_size),
-            ("depth", depth),
-            ("num_heads", num_heads),
-            ("patch_size", patch_size),
-        ):
-            if value is not None:
-                shape[key] = value
-        D, p = shape["hidden_size"], shape["patch_size"]
+        shape = {
+            "hidden_size": hidden_size,
+            "depth": depth,
+            "num_heads": num_heads,
+            "patch_size": patch_size,
+        }
+        for key, value in shape.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"dit: {key} must be a positive integer, got {value!r}")
+        D, p = hidden_size, patch_size
         if input_size % p:
             raise ConfigError(f"dit: patch_size={p} does not divide input_size={input_size}")
-        if D % shape["num_heads"]:
-            raise ConfigError(
-                f"dit: num_heads={shape['num_heads']} does not divide hidden_size={D}"
-            )
+        if D % num_heads:
+            raise ConfigError(f"dit: num_heads={num_heads} does not divide hidden_size={D}")
         norm = as_norm_config(norm)
         if norm_eps is not None and "eps" in norm_keywords(norm["name"]):
             norm["eps"] = norm_eps  # DiT's LayerNorm eps, in every norm built below
@@ -397,8 +379,7 @@ class DiT(nn.Module):
         self.y_embedder = LabelEmbedder(num_classes, D, class_dropout)
         qk_kw = {} if norm_eps is None else {"eps": norm_eps}
         self.blocks = nn.ModuleList(
-            DiTBlock(D, shape["num_heads"], mlp_ratio, self.cond, norm, qk_norm, qk_kw)
-            for _ in range(shape["depth"])
+            DiTBlock(D, num_heads, mlp_ratio, self.cond, norm, qk_norm, qk_kw) for _ in range(depth)
         )
         self.final_layer = FinalLayer(D, p * p * in_channels, self.cond, norm)
         self.initialize_weights()

@@ -13,12 +13,6 @@ from normlab.errors import ConfigError
 from normlab.norms.qknorm import check_qk_norm, create_qk_norm
 from normlab.norms.residual import create_residual, placement_class, tokenwise_norm
 
-# Named sizes; any key can be overridden from the config (model.net.depth=6).
-ZOO: dict[str, dict[str, Any]] = {
-    "tiny": {"depth": 4, "d_model": 64, "n_heads": 4, "ctx": 64, "dropout": 0.0},
-    "small": {"depth": 6, "d_model": 256, "n_heads": 8, "ctx": 256, "dropout": 0.1},
-    "base": {"depth": 12, "d_model": 768, "n_heads": 12, "ctx": 1024, "dropout": 0.1},
-}
 MLP_RATIO = 4  # hidden width of the MLP / d_model
 
 
@@ -110,41 +104,43 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """Decoder-only Transformer language model: embeddings, blocks, (final norm), LM head."""
+    """Decoder-only Transformer language model: embeddings, blocks, (final norm), LM head.
+
+    The shape is given explicitly; the defaults are conf/model/transformer.yaml's tiny GPT
+    (the named sizes are conf/size/transformer/*.yaml).
+    """
 
     def __init__(
         self,
         vocab_size: int,
         placement: Mapping[str, Any],
         norm: Mapping[str, Any],
-        size: str = "tiny",
-        depth: int | None = None,
-        d_model: int | None = None,
-        n_heads: int | None = None,
-        ctx: int | None = None,
-        dropout: float | None = None,
+        depth: int = 4,
+        d_model: int = 64,
+        n_heads: int = 4,
+        ctx: int = 64,
+        dropout: float = 0.0,
         tie_weights: bool = True,
         qk_norm: str | None = None,
         embed_scale: float | None = None,
     ) -> None:
         super().__init__()
-        if size not in ZOO:
-            raise ConfigError(f"model.net.size={size!r} is not one of {list(ZOO)}")
-        given = {"depth": depth, "d_model": d_model, "n_heads": n_heads, "ctx": ctx}
-        shape = {**ZOO[size], **{k: v for k, v in given.items() if v is not None}}
-        if dropout is not None:
-            shape["dropout"] = dropout
-        for key in ("depth", "d_model", "n_heads", "ctx"):
-            value = shape[key]
+        shape = {"depth": depth, "d_model": d_model, "n_heads": n_heads, "ctx": ctx}
+        for key, value in shape.items():
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"model.net.{key} must be a positive integer, got {value!r}")
-        if shape["d_model"] % shape["n_heads"]:
+        if (
+            isinstance(dropout, bool)
+            or not isinstance(dropout, (int, float))
+            or not 0 <= dropout <= 1
+        ):
+            raise ConfigError(f"model.net.dropout must be a number in [0, 1], got {dropout!r}")
+        if d_model % n_heads:
             raise ConfigError(
-                f"model.net.n_heads={shape['n_heads']} does not divide "
-                f"model.net.d_model={shape['d_model']}"
+                f"model.net.n_heads={n_heads} does not divide model.net.d_model={d_model}"
             )
-        self.vocab_size, self.depth, self.d_model = vocab_size, shape["depth"], shape["d_model"]
-        self.n_heads, self.ctx, self.dropout = shape["n_heads"], shape["ctx"], shape["dropout"]
+        self.vocab_size, self.depth, self.d_model = vocab_size, depth, d_model
+        self.n_heads, self.ctx, self.dropout = n_heads, ctx, dropout
         placement_cls = placement_class(placement["name"])
         self.placement = placement_cls.name
         self.qk_norm = check_qk_norm(qk_norm)  # layernorm | rmsnorm | None

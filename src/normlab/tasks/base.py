@@ -41,8 +41,22 @@ def lr_lambda(
     return factor
 
 
+def warmup_schedule(
+    optimizer: torch.optim.Optimizer,
+    total_steps: Callable[[], int],
+    schedule: str = "constant",
+    warmup_steps: int = 0,
+    min_lr_ratio: float = 0.0,
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """The per-step schedule of conf/optim/*.yaml's `scheduler` (a partial, like `optimizer`):
+    lr_lambda's linear warmup, then `schedule`, over the run's `total_steps`."""
+    factor = lr_lambda(schedule, int(warmup_steps), total_steps, float(min_lr_ratio))
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
 class Task(pl.LightningModule):
-    """Base task: owns the network, builds optimizer + schedule from the `optim` config.
+    """Base task: owns the network, builds optimizer + schedule from the `optim` config
+    (its `optimizer` and `scheduler`: partials instantiated from conf/optim/*.yaml).
 
     Subclasses set `monitor` / `monitor_mode` (the checkpoint metric) and implement
     `example_input(batch_size)`: the args of `forward` for a batch of that size, used by the
@@ -80,18 +94,16 @@ class Task(pl.LightningModule):
     def optimizer_and_scheduler(
         self, total_steps: Callable[[], int]
     ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-        """The `optim` config's optimizer over param_groups() and its per-step lr schedule
-        (`total_steps`: the run's length, asked for once the decay needs it)."""
+        """The `optim` config's optimizer over param_groups() and its per-step lr schedule:
+        `optimizer(param_groups)`, then `scheduler(optimizer, total_steps=total_steps)` (the
+        run's length, asked for once the decay needs it). An `optim` without a `scheduler`
+        keeps the lr constant (warmup_schedule's defaults)."""
         cfg = self.optim_cfg
         make: Callable[..., torch.optim.Optimizer] = cfg["optimizer"]
         optimizer = make(self.param_groups())
-        factor = lr_lambda(
-            cfg.get("schedule", "constant"),
-            int(cfg.get("warmup_steps", 0)),
-            total_steps,
-            float(cfg.get("min_lr_ratio", 0.0)),
-        )
-        return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+        schedule: Callable[..., torch.optim.lr_scheduler.LambdaLR]
+        schedule = cfg.get("scheduler") or warmup_schedule
+        return optimizer, schedule(optimizer, total_steps=total_steps)
 
     def configure_optimizers(self):
         optimizer, scheduler = self.optimizer_and_scheduler(
