@@ -310,7 +310,8 @@ REPRODUCTIONS: dict[str, Reproduction] = {
                     ("norm=dyt", "model.net.embed_scale=50", "norm.alpha0=0.25,0.5,1.0,2.0"),
                     quick=(*QUICK_LM, "trainer.val_check_interval=5", "norm.alpha0=0.5"),
                 ),
-                Grid("dit", "dyt_vs_ln_dit", quick=QUICK_DIT),
+                # 800 steps (4 epochs of 200), not the experiment's 1,200: a session's budget
+                Grid("dit", "dyt_vs_ln_dit", ("trainer.limit_train_batches=200",), QUICK_DIT),
             ),
             full=Budget(
                 (),
@@ -318,7 +319,7 @@ REPRODUCTIONS: dict[str, Reproduction] = {
                 "d_model 128, 600 AdamW steps of 32 windows of 64 characters, val loss every "
                 "50; dyt: DyT with the embeddings times a learnable scalar (init 50) at alpha0 "
                 "0.25, 0.5, 1, 2 in the same GPT x 3 seeds; dit: LayerNorm, DyT, RMSNorm x 3 "
-                "seeds on the tiny adaLN-Zero DiT, 1,200 AdamW steps of 64 images, then "
+                "seeds on the tiny adaLN-Zero DiT, 800 AdamW steps of 64 images, then "
                 "val/fid_lenet of 2,000 samples without guidance (25 DDIM steps): 9 + 12 + 9 "
                 "jobs",
             ),
