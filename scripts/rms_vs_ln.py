@@ -1,6 +1,6 @@
 """RMSNorm's fast path against LayerNorm's, forward + backward, timed in interleaved pairs.
 
-    python scripts/rms_vs_ln.py [--threads 1 2] [--pairs 31] [--shape 64 256 512]
+    python scripts/rms_vs_ln.py [--threads 1 2] [--pairs 31] [--shape 64 256 512] [--keep-heap]
 
 For each thread count: normlab's fast RMSNorm (the fused kernel) and torch's LayerNorm (what
 normlab's fast LayerNorm calls) run forward + backward in turn, in a random order per pair, the
@@ -10,6 +10,11 @@ Memory traffic: bytes each call must move (forward: read x, write y; backward: r
 write dx; a dense dy only) over its median time, against `dst.copy_(src)` of the same size into
 a preallocated tensor (read + write, no page faults) and `src.clone()` (a fresh tensor, as a
 layer's output is). Prints one markdown table per measure.
+
+Both layers allocate two full-size tensors per call (y, dx), and in a default glibc process each
+starts on fresh pages (see bench.py --keep-heap): their page faults cost both layers alike and
+often more than the arithmetic. --keep-heap keeps freed memory in the process (no page faults),
+which shows the kernels' own difference.
 """
 
 from __future__ import annotations
@@ -137,10 +142,16 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--pairs", type=int, default=31)
     parser.add_argument("--shape", type=int, nargs="+", default=[64, 256, 512])
+    parser.add_argument("--keep-heap", action="store_true", help="glibc: reuse freed memory")
     args = parser.parse_args()
+    if args.keep_heap:
+        from normlab.compute import keep_heap
+
+        keep_heap()
     shape = tuple(args.shape)
     print(f"fused kernel: {_fused_rms.available()}, torch {torch.__version__}, shape {shape}, "
-          f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
+          f"load average {os.getloadavg()[0]:.2f}, heap {'kept' if args.keep_heap else 'default'}, "
+          f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE')}")  # fmt: skip
     rows = [r for t in args.threads for r in measure(shape, args.pairs, t)]
     print("\nRMSNorm fast / LayerNorm fast, forward + backward, per-pair ratio\n")
     print(_table(rows))
