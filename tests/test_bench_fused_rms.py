@@ -68,7 +68,9 @@ def test_falls_back_to_pure_torch_when_the_kernel_is_unavailable(monkeypatch):
     assert type(y.grad_fn.next_functions[0][0]).__name__ == "RMSNormFunctionBackward"
 
 
-@pytest.mark.parametrize("layout", ["expanded", "rows-expanded", "row-stride", "transposed"])
+@pytest.mark.parametrize(
+    "layout", ["expanded", "rows-expanded", "row-repeated", "row-stride", "transposed"]
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_non_contiguous_upstream_gradient_equals_torch(layout, dtype):
     # the kernel reads a dy whose rows are contiguous (any row stride, 0 included) or one value
@@ -81,6 +83,7 @@ def test_non_contiguous_upstream_gradient_equals_torch(layout, dtype):
     grads = {
         "expanded": torch.tensor(1.5, dtype=torch.float64).expand(rows, d),
         "rows-expanded": torch.randn(rows, 1, dtype=torch.float64).expand(rows, d),
+        "row-repeated": torch.randn(1, d, dtype=torch.float64).expand(rows, d),
         "row-stride": torch.randn(rows, 2 * d, dtype=torch.float64)[:, :d],
         "transposed": torch.randn(d, rows, dtype=torch.float64).t(),
     }
