@@ -1,4 +1,6 @@
-"""RMSNorm's fused CPU kernel (_fused_rms.cpp): one pass per row forward and backward.
+"""RMSNorm's fused CPU kernel (_fused_rms.cpp): each row read from memory once and written once,
+forward and backward (one reduction per row each way); an expanded upstream gradient (as
+`.sum().backward()` gives) is read in place, not copied.
 
 The C++ source is compiled on first use into torch's extension cache
 (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions; needs a C++ compiler and ninja) and
