@@ -3,6 +3,7 @@
 norms: forward + backward time and activation memory of every normlab norm (each impl) against
        the torch.nn layer (and timm's where it has one), at a CNN shape (256, 16, 14, 14) and a
        Transformer shape (64, 256, 512); float32 on CPU, plus float32 and bf16 on a GPU if present.
+       Target: fast <= 1.05x the torch layer; manual and reference are reported, not targeted.
 train: one epoch of LeNet+BN on Fashion-MNIST through normlab.run.train (the composed config of
        `python train.py`, in this process) against a hand-written loop over the same tensors with
        the same model, batch order and optimizer; the same for N steps of the Transformer LM.
@@ -54,7 +55,8 @@ REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "outputs" / "bench"
 CNN = (256, 16, 14, 14)
 SEQ = (64, 256, 512)
-FAST_TARGET, REFERENCE_TARGET, TRAIN_TARGET = 1.05, 3.0, 1.05
+FAST_TARGET, TRAIN_TARGET = 1.05, 1.05  # manual and reference impls: reported, no target
+RMS_VS_LN_TARGET = 0.93  # fast RMSNorm / torch LayerNorm: the RMSNorm paper's smallest gain
 MIN_TOTAL_S = 3.0  # seconds of calls of each case's slowest layer (more rounds for short calls)
 
 # ------------------------------------------------------------------------------------------------
@@ -81,7 +83,7 @@ class NormCase:
     name: str
     kwargs: dict[str, Any]
     baselines: dict[str, Callable[[], nn.Module]]
-    impls: tuple[str, ...] = ("fast", "reference")
+    impls: tuple[str, ...] = ("fast", "reference", "manual")
     note: str = ""
     extra: dict[str, Callable[[], nn.Module]] = field(default_factory=dict)
 
@@ -90,12 +92,11 @@ def norm_cases() -> list[NormCase]:
     from timm import layers as timm_layers
 
     c, d = CNN[1], SEQ[-1]
-    bn_impls = ("fast", "reference", "manual")
     return [
         NormCase(CNN, "batchnorm", {}, {
             "torch BatchNorm2d": lambda: nn.BatchNorm2d(c),
             "timm BatchNormAct2d": lambda: timm_layers.BatchNormAct2d(c, apply_act=False),
-        }, bn_impls),
+        }),
         NormCase(CNN, "groupnorm", {"num_groups": 4}, {
             "torch GroupNorm": lambda: nn.GroupNorm(4, c),
             "timm GroupNorm": lambda: timm_layers.GroupNorm(c, num_groups=4),
@@ -123,7 +124,7 @@ def norm_cases() -> list[NormCase]:
                  note="rms of the first 32 of 512 features"),
         NormCase(SEQ, "batchnorm", {"channel_dim": -1}, {
             "torch BatchNorm1d": lambda: ChannelsLast(nn.BatchNorm1d(d)),
-        }, bn_impls, note="features last, statistics over (B, T)"),
+        }, note="features last, statistics over (B, T)"),
         NormCase(SEQ, "groupnorm", {"channel_dim": -1, "num_groups": 32}, {
             "torch GroupNorm": lambda: ChannelsLast(nn.GroupNorm(32, d)),
         }, note="features last"),
@@ -168,7 +169,7 @@ def _norm_rows(case: NormCase, device: str, dtype: torch.dtype, rounds: int) -> 
     rows = []
     for name in layers:
         impl = name.removeprefix("normlab ") if name.startswith("normlab") else ""
-        target = {"fast": FAST_TARGET, "reference": REFERENCE_TARGET}.get(impl)
+        target = FAST_TARGET if impl == "fast" else None  # manual, reference: no target
         time_ratio = ratio(times, name, base)
         row = {
             "device": device,
@@ -188,7 +189,7 @@ def _norm_rows(case: NormCase, device: str, dtype: torch.dtype, rounds: int) -> 
         if case.name == "rmsnorm" and impl == "fast" and "torch LayerNorm" in layers:
             vs_ln = ratio(times, name, "torch LayerNorm")
             row["vs_layernorm"] = round(vs_ln, 3)
-            row["note"] = f"{vs_ln:.3f}x torch LayerNorm (target < 1)"
+            row["note"] = f"{vs_ln:.3f}x torch LayerNorm (target <= {RMS_VS_LN_TARGET})"
         rows.append(row)
     return rows
 

@@ -66,3 +66,46 @@ def test_falls_back_to_pure_torch_when_the_kernel_is_unavailable(monkeypatch):
     norm = create_norm("rmsnorm", 16)
     y = norm(torch.randn(3, 16, requires_grad=True))
     assert type(y.grad_fn.next_functions[0][0]).__name__ == "RMSNormFunctionBackward"
+
+
+@pytest.mark.parametrize(
+    "layout", ["expanded", "rows-expanded", "row-repeated", "row-stride", "transposed"]
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_non_contiguous_upstream_gradient_equals_torch(layout, dtype):
+    # the kernel reads a dy whose rows are contiguous (any row stride, 0 included) or one value
+    # repeated (column stride 0, as `.sum().backward()` gives) in place; others are copied
+    needs_kernel()
+    torch.manual_seed(0)
+    rows, d, k = 37, 300, 41  # k < d: the partial-rms term too; d not a multiple of 16
+    x = torch.randn(rows, d, dtype=torch.float64)
+    w = torch.randn(d, dtype=torch.float64)
+    grads = {
+        "expanded": torch.tensor(1.5, dtype=torch.float64).expand(rows, d),
+        "rows-expanded": torch.randn(rows, 1, dtype=torch.float64).expand(rows, d),
+        "row-repeated": torch.randn(1, d, dtype=torch.float64).expand(rows, d),
+        "row-stride": torch.randn(rows, 2 * d, dtype=torch.float64)[:, :d],
+        "transposed": torch.randn(d, rows, dtype=torch.float64).t(),
+    }
+    gy = grads[layout]
+    x_ours = x.to(dtype, copy=True).requires_grad_()
+    w_ours = w.to(dtype, copy=True).requires_grad_()
+    x_ref, w_ref = x.clone().requires_grad_(), w.clone().requires_grad_()
+    FusedRMSNormFunction.apply(x_ours, w_ours, 1e-5, k).backward(gy.to(dtype))
+    inv = (x_ref[:, :k].pow(2).mean(1, keepdim=True) + 1e-5).rsqrt()
+    (x_ref * inv * w_ref).backward(gy.to(dtype).double())
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype != torch.bfloat16 else {"rtol": 0.05, "atol": 0.1}
+    torch.testing.assert_close(x_ours.grad.double(), x_ref.grad, **tol)
+    torch.testing.assert_close(w_ours.grad.double(), w_ref.grad, **{**tol, "atol": 1e-3 * rows})
+
+
+def test_sum_backward_reads_the_expanded_gradient_in_place():
+    # `.sum().backward()` on a (B, T, D) RMSNorm: the kernel gets a stride-0 dy and equals torch
+    needs_kernel()
+    torch.manual_seed(0)
+    norm = create_norm("rmsnorm", 64, eps=1e-6)
+    x = torch.randn(4, 8, 64, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_()
+    norm(x).sum().backward()
+    F.rms_norm(x_ref, (64,), norm.weight.detach(), 1e-6).sum().backward()
+    torch.testing.assert_close(x.grad, x_ref.grad)

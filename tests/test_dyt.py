@@ -13,7 +13,7 @@ from normlab.norms import DyT, DyTFunction, NormConfigError, create_norm, norm_k
 from normlab.norms.adaptive import AdaLN, AdaLNZero
 from normlab.norms.residual import available_placements
 
-IMPLS = ("fast", "reference")
+IMPLS = ("fast", "reference", "manual")
 
 
 def dyt_formula(x, alpha, weight, bias):
@@ -165,7 +165,7 @@ def test_create_norm_names_and_alpha0():
         ({"alpha0": float("nan")}, r"alpha0 must be a finite number > 0, got nan"),
         ({"alpha0": "0.5"}, r"alpha0 must be a finite number > 0, got '0.5'"),
         ({"eps": 1e-5}, r"dyt: unknown argument\(s\) eps; valid: alpha0, elementwise_affine"),
-        ({"impl": "manual"}, r"impl must be one of \['fast', 'reference'\], got 'manual'"),
+        ({"impl": "cuda"}, r"impl must be one of \['fast', 'reference', 'manual'\], got 'cuda'"),
         ({"sync": True}, "sync=True is only supported by batchnorm"),
     ],
 )

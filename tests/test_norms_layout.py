@@ -8,7 +8,7 @@ from torch import nn
 
 from normlab.norms import NormConfigError, available_norms, create_norm
 
-IMPLS = ("fast", "reference")
+IMPLS = ("fast", "reference", "manual")
 
 
 def _randomize(module: nn.Module) -> None:

@@ -56,15 +56,21 @@ CASES = {
     "rms-channels": ("rmsnorm", {}, (4, 64, 8, 8), 1, 0.0),
     "prms": ("prmsnorm", {"p": 0.75}, (8, D), None, 0.0),  # k = 3072 < D: the partial backward
 }
-IMPLS = {"batchnorm": ["fast", "reference", "manual"], "bn-ghost": ["fast"]}  # ghost: one path
+IMPLS = {"bn-ghost": ["fast"]}  # ghost BN: one path for every impl; the rest: every family impl
 FUSED = {"rmsnorm", "prmsnorm"}
+
+
+def _family_impls(family: str) -> tuple[str, ...]:
+    """The family's impls: fast, reference, and manual where it has one."""
+    kwargs = {"num_groups": 1} if family == "groupnorm" else {}
+    return type(create_norm(family, 8, **kwargs)).impls
 
 
 def _paths() -> list:
     """(case id, impl, fused) for every family x impl, fused on/off for RMSNorm's fast path."""
     out = []
     for cid, (family, *_) in CASES.items():
-        for impl in IMPLS.get(cid, IMPLS.get(family, ["fast", "reference"])):
+        for impl in IMPLS.get(cid, _family_impls(family)):
             for fused in [True, False] if family in FUSED and impl == "fast" else [None]:
                 tag = "" if fused is None else ("-fused" if fused else "-unfused")
                 out.append(pytest.param(cid, impl, fused, id=f"{cid}-{impl}{tag}"))
@@ -171,7 +177,7 @@ def test_rmsnorm_fp16_std5_d4096_is_not_zero(monkeypatch):
 @pytest.mark.parametrize(
     ("cid", "impl"),
     [("bn", "fast"), ("bn", "reference"), ("bn", "manual"), ("bn-ghost", "fast")]
-    + [("in", "fast"), ("in", "reference")],
+    + [("in", "fast"), ("in", "reference"), ("in", "manual")],
 )
 def test_running_stats_keep_their_dtype_and_eval_matches(cid, impl, dtype, params):
     # float32 running statistics stay float32 (and exact) under half inputs; half ones (a layer
@@ -232,8 +238,8 @@ def test_eps_is_added_to_the_variance_inside_the_sqrt(cid, impl, fused, dtype, m
 @pytest.mark.parametrize("dtype", HALF, ids=HALF_IDS)
 @pytest.mark.parametrize(
     ("impl", "fused"),
-    [("fast", True), ("fast", False), ("reference", None)],
-    ids=["fused", "unfused", "reference"],
+    [("fast", True), ("fast", False), ("reference", None), ("manual", None)],
+    ids=["fused", "unfused", "reference", "manual"],
 )
 def test_rmsnorm_default_eps_is_float32s_for_half_input_as_torch(impl, fused, dtype, monkeypatch):
     # eps=None: torch.nn.RMSNorm's kernel uses float32's eps (1.19e-7) for half inputs, not

@@ -1,4 +1,5 @@
-"""Properties of normlab's norms: random shapes and eps, fast == reference, gradcheck, identities.
+"""Properties of normlab's norms: random shapes and eps, fast == reference == manual, gradcheck
+(reference and manual), identities.
 
 The random-shape tests run in float64: they check that two formulas are the same function, and
 with 3 values per statistic a norm's input gradient is a difference of terms ~ 1 / std, so fp32
@@ -36,6 +37,22 @@ def _both(name: str, num_features: int, **kwargs):
     ref = create_norm(name, num_features, impl="reference", **kwargs).double()
     ref.load_state_dict(fast.state_dict())
     return fast, ref
+
+
+def _manual_agrees(name: str, fast, x: torch.Tensor, **kwargs) -> None:
+    """The family's manual impl (where it has one) equals `fast` on x, parameters copied."""
+    if "manual" not in fast.impls:
+        return
+    manual = create_norm(name, _features(fast), impl="manual", **kwargs).double()
+    manual.load_state_dict(fast.state_dict())
+    fast.zero_grad()  # its gradients from the comparison with reference
+    _assert_same_function(fast, manual, x)
+
+
+def _features(norm) -> int:
+    """num_features of a built norm."""
+    shape = getattr(norm, "normalized_shape", None)
+    return shape[-1] if shape is not None else norm.num_features
 
 
 def _close(actual: torch.Tensor, expected: torch.Tensor, tol: float | None = None) -> None:
@@ -82,6 +99,7 @@ def test_instancenorm_random_shapes(seed, n, c, rest, eps):
     x = torch.randn(n, c, *rest, dtype=torch.float64) * 3
     fast, ref = _both("instancenorm", c, eps=eps, affine=True)
     _assert_same_function(fast, ref, x)
+    _manual_agrees("instancenorm", fast, x, eps=eps, affine=True)
     expected = F.instance_norm(x, weight=fast.weight, bias=fast.bias, eps=eps)
     _close(ref(x), expected)
 
@@ -102,6 +120,7 @@ def test_groupnorm_random_shapes(seed, n, groups, per_group, rest, eps):
     x = torch.randn(n, c, *rest, 3, dtype=torch.float64) * 3
     fast, ref = _both("groupnorm", c, num_groups=groups, eps=eps)
     _assert_same_function(fast, ref, x)
+    _manual_agrees("groupnorm", fast, x, num_groups=groups, eps=eps)
     expected = F.group_norm(x, groups, fast.weight, fast.bias, eps)
     _close(ref(x), expected)
 
@@ -118,6 +137,7 @@ def test_layernorm_random_shapes(seed, lead, trail, eps):
     x = torch.randn(*lead, *trail, dtype=torch.float64) * 3
     fast, ref = _both("layernorm", trail[-1], normalized_shape=tuple(trail), eps=eps)
     _assert_same_function(fast, ref, x)
+    _manual_agrees("layernorm", fast, x, normalized_shape=tuple(trail), eps=eps)
     expected = F.layer_norm(x, tuple(trail), fast.weight, fast.bias, eps)
     _close(ref(x), expected)
 
@@ -134,6 +154,7 @@ def test_rmsnorm_random_shapes(seed, lead, trail, eps):
     x = torch.randn(*lead, *trail, dtype=torch.float64) * 3
     fast, ref = _both("rmsnorm", trail[-1], normalized_shape=tuple(trail), eps=eps)
     _assert_same_function(fast, ref, x)
+    _manual_agrees("rmsnorm", fast, x, normalized_shape=tuple(trail), eps=eps)
     expected = F.rms_norm(x, tuple(trail), fast.weight, eps)
     _close(ref(x), expected)
 
@@ -151,6 +172,7 @@ def test_prmsnorm_random_shapes(seed, lead, d, p, eps):
     x = torch.randn(*lead, d, dtype=torch.float64) * 3
     fast, ref = _both("prmsnorm", d, p=p, eps=eps)
     _assert_same_function(fast, ref, x)
+    _manual_agrees("prmsnorm", fast, x, p=p, eps=eps)
     k = math.ceil(round(p * d, 9))
     rms = x[..., :k].pow(2).mean(-1, keepdim=True).add(eps).sqrt()
     _close(ref(x), x / rms * fast.weight)
@@ -178,13 +200,14 @@ GRADCHECK_NORMS = [
 
 @pytest.mark.parametrize(("name", "kwargs", "shape"), GRADCHECK_NORMS, ids=lambda v: str(v))
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
-def test_reference_gradcheck(name, kwargs, shape, training):
+@pytest.mark.parametrize("impl", ["reference", "manual"])
+def test_reference_and_manual_gradcheck(name, kwargs, shape, training, impl):
     torch.manual_seed(0)
     channels_first = name in ("batchnorm", "instancenorm", "groupnorm") or "channel_dim" in kwargs
     norm = create_norm(
         name,
         shape[1] if channels_first else shape[-1],
-        impl="reference",
+        impl=impl,
         **kwargs,
     ).double()
     norm.train(training)
@@ -237,7 +260,7 @@ def test_sync_batchnorm_single_process_is_plain_batchnorm(impl):
 # ---------------------------------------------------------------- identities between families
 
 
-@pytest.mark.parametrize("impl", ["fast", "reference"])
+@pytest.mark.parametrize("impl", ["fast", "reference", "manual"])
 def test_groupnorm_one_group_per_channel_is_instancenorm(impl):
     x = torch.randn(3, 6, 4, 5)
     gn = create_norm("groupnorm", 6, num_groups=6, affine=False, impl=impl)
@@ -245,7 +268,7 @@ def test_groupnorm_one_group_per_channel_is_instancenorm(impl):
     torch.testing.assert_close(gn(x), inorm(x), **TOL)
 
 
-@pytest.mark.parametrize("impl", ["fast", "reference"])
+@pytest.mark.parametrize("impl", ["fast", "reference", "manual"])
 def test_groupnorm_one_group_is_layernorm_over_chw(impl):
     x = torch.randn(3, 6, 4, 5)
     gn = create_norm("groupnorm", 6, num_groups=1, affine=False, impl=impl)
@@ -255,7 +278,7 @@ def test_groupnorm_one_group_is_layernorm_over_chw(impl):
     torch.testing.assert_close(gn(x), ln(x), **TOL)
 
 
-@pytest.mark.parametrize("impl", ["fast", "reference"])
+@pytest.mark.parametrize("impl", ["fast", "reference", "manual"])
 def test_prmsnorm_p1_is_rmsnorm(impl):
     x = torch.randn(4, 5, 16)
     prms, rms = create_norm("prmsnorm", 16, p=1.0, impl=impl), create_norm("rmsnorm", 16, impl=impl)
@@ -265,7 +288,7 @@ def test_prmsnorm_p1_is_rmsnorm(impl):
     _assert_same_function(prms, rms, x)
 
 
-@pytest.mark.parametrize("impl", ["fast", "reference"])
+@pytest.mark.parametrize("impl", ["fast", "reference", "manual"])
 def test_prmsnorm_statistic_uses_only_first_k_features(impl):
     d, p = 20, 0.25  # k = ceil(0.25 * 20) = 5
     norm = create_norm("prmsnorm", d, p=p, eps=1e-12, elementwise_affine=False, impl=impl)

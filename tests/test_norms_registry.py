@@ -173,6 +173,24 @@ def test_every_norm_takes_impl_and_only_batchnorm_takes_sync():
     assert create_norm("batchnorm", 4, sync=False).sync is False
 
 
+# the families with a hand-written backward take impl="manual"; the others refuse it in one line
+WITH_MANUAL = ["batchnorm", "dyt", "groupnorm", "instancenorm", "layernorm", "prmsnorm", "rmsnorm"]
+
+
+def test_manual_impl_where_a_hand_written_backward_exists():
+    for name in available_norms():
+        kwargs = {"num_groups": 1} if name == "groupnorm" else {}
+        if name in WITH_MANUAL:
+            assert create_norm(name, 4, impl="manual", **kwargs).impl == "manual"
+            continue
+        with pytest.raises(NormConfigError) as err:
+            create_norm(name, 4, impl="manual", **kwargs)
+        assert str(err.value) == (
+            f"{name}: impl must be one of ['fast', 'reference'], got 'manual' "
+            "(it has no hand-written backward)"
+        )
+
+
 @pytest.mark.parametrize("name", ["batchnorm", "groupnorm", "layernorm", "rmsnorm", "dyt", "none"])
 def test_channel_dim_is_a_constructor_argument(name):
     kwargs = {"num_groups": 2} if name == "groupnorm" else {}
@@ -200,9 +218,9 @@ def test_channel_dim_is_a_constructor_argument(name):
         ("layernorm", {"num_groups": 2}, r"unknown argument\(s\) num_groups; valid: .*bias"),
         ("none", {"eps": 1e-5}, r"unknown argument\(s\) eps"),
         (
-            "layernorm",
+            "batchrenorm",
             {"impl": "manual"},
-            r"impl must be one of \['fast', 'reference'\], got 'manual'",
+            r"impl must be one of \['fast', 'reference'\], got 'manual' \(it has no hand-written",
         ),
         ("rmsnorm", {"impl": "cuda"}, r"got 'cuda'"),
         ("groupnorm", {"num_groups": 2, "sync": True}, "sync=True is only supported by batchnorm"),
@@ -262,7 +280,7 @@ def test_batchnorm_one_value_per_channel(impl):
         no_stats(torch.randn(1, 6))
 
 
-@pytest.mark.parametrize("impl", ["fast", "reference"])
+@pytest.mark.parametrize("impl", ["fast", "reference", "manual"])
 def test_instancenorm_needs_spatial_extent(impl):
     inorm = create_norm("instancenorm", 6, impl=impl)
     with pytest.raises(
@@ -288,6 +306,6 @@ def test_instancenorm_needs_spatial_extent(impl):
     ],
 )
 def test_wrong_input_shape_raises(name, kwargs, shape, message):
-    for impl in ("fast", "reference"):
+    for impl in ("fast", "reference", "manual"):
         with pytest.raises(NormConfigError, match=message):
             create_norm(name, 6, impl=impl, **kwargs)(torch.randn(shape))

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from normlab.norms import create_norm
+from normlab.norms import BatchNorm, GroupNorm, InstanceNorm, LayerNorm, RMSNorm, create_norm
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 C = 6
@@ -74,8 +74,12 @@ CASES = [
 ]
 
 
-def _impls(name: str) -> list[str]:
-    return ["fast", "reference", "manual"] if name == "batchnorm" else ["fast", "reference"]
+FAMILIES = {cls.family: cls for cls in (BatchNorm, GroupNorm, InstanceNorm, LayerNorm, RMSNorm)}
+
+
+def _impls(name: str) -> tuple[str, ...]:
+    """Every impl of the family (fast, reference, and manual where it has a hand-written one)."""
+    return FAMILIES[name].impls
 
 
 PARAMS = [
@@ -140,7 +144,7 @@ def test_matches_torch_layer(case, impl):
     torch.testing.assert_close(back.eval()(x), ref(x), **TOL)
 
 
-@pytest.mark.parametrize("impl", ["fast", "reference"])
+@pytest.mark.parametrize("impl", ["fast", "reference", "manual"])
 def test_instancenorm_cumulative_average_with_momentum_none(impl):
     # torch leaves running stats untouched when momentum is None; normlab averages, as in BN
     torch.manual_seed(0)

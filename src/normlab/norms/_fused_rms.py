@@ -1,4 +1,6 @@
-"""RMSNorm's fused CPU kernel (_fused_rms.cpp): one pass per row forward and backward.
+"""RMSNorm's fused CPU kernel (_fused_rms.cpp): each row read from memory once and written once,
+forward and backward (one reduction per row each way); an expanded upstream gradient (as
+`.sum().backward()` gives) is read in place, not copied.
 
 The C++ source is compiled on first use into torch's extension cache
 (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions; needs a C++ compiler and ninja) and
@@ -49,11 +51,14 @@ def available() -> bool:
             cpp_log.setLevel(level)
 
         # -march=native: the build is tuned to this CPU (AVX2/AVX-512 where present), so its
-        # name carries the CPU's feature flags and another CPU type gets a build of its own
+        # name carries the CPU's feature flags and another CPU type gets a build of its own;
+        # and a hash of the source, so that checkouts with different sources sharing one cache
+        # each load their own build instead of rebuilding over each other's
         tag = _cpu_tag()
+        source = hashlib.sha1(SOURCE.read_bytes()).hexdigest()[:8]
         log.info("loading the fused RMSNorm kernel (compiled once into the torch extension cache)")
         load(
-            name=f"normlab_fused_rms_{tag}" if tag else "normlab_fused_rms",
+            name=f"normlab_fused_rms_{tag}_{source}" if tag else f"normlab_fused_rms_{source}",
             sources=[str(SOURCE)],
             extra_cflags=["-O3", "-fopenmp", *(["-march=native"] if tag else [])],
             extra_ldflags=["-fopenmp"],

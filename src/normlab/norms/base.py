@@ -1,5 +1,15 @@
 """What every normlab norm shares: the error type, argument checks, `impl` dispatch, affine.
 
+The `impl` contract, the same for every family (`Norm.impls` lists a family's):
+- `reference`: autograd through the formula, written as the paper writes it; no speed target.
+- `fast`: torch's fused kernel (F.layer_norm, F.group_norm, F.batch_norm, F.instance_norm), or
+  normlab's own where that is faster (RMSNorm's fused C++ kernel, DyT's DyTFunction); held to
+  <= 1.05x the torch.nn layer by scripts/bench.py.
+- `manual`: a hand-written backward (BatchNorm's from the BN paper, LayerNorm/GroupNorm/
+  InstanceNorm's written-out gradient of the standardization in normlab.norms.standardize,
+  RMSNorm's and DyT's autograd Functions); families without one (BatchRenorm, none) refuse it.
+All impls of a family compute the same function and agree with torch to fp32 tolerance.
+
 Numerics, the same for every family and impl (fast, reference, manual, the fused RMSNorm kernel
 and its pure-torch fallback):
 - statistics (mean, variance, mean of squares, the rsqrt) are computed in `stats_dtype(input)`:
@@ -88,6 +98,15 @@ def mean_var(x: torch.Tensor, dims: tuple[int, ...]) -> tuple[torch.Tensor, torc
     return mean, var
 
 
+def standardize(x: torch.Tensor, dims: tuple[int, ...], eps: float) -> torch.Tensor:
+    """(x - E[x]) / sqrt(Var[x] + eps) over `dims`, Var the biased variance: the LN and GN
+    papers' formula for the reference paths, differentiated by autograd. Pass x in `stats_dtype`."""
+    mean = x.mean(dims, keepdim=True)
+    centered = x - mean
+    var = centered.pow(2).mean(dims, keepdim=True)
+    return centered / torch.sqrt(var + eps)
+
+
 def scale_shift(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     """x * scale + shift, with small broadcast scale/shift: one full-size tensor, not two."""
     return (x * scale).add_(shift)  # in place on the product, which backward does not need
@@ -125,8 +144,9 @@ class Norm(nn.Module):
         affine (the GN paper's LayerNorm for conv features)."""
         super().__init__()
         if impl not in self.impls:
+            why = " (it has no hand-written backward)" if impl == "manual" else ""
             raise NormConfigError(
-                f"{self.family}: impl must be one of {list(self.impls)}, got {impl!r}"
+                f"{self.family}: impl must be one of {list(self.impls)}, got {impl!r}{why}"
             )
         if channel_dim not in (1, -1) or isinstance(channel_dim, bool):
             raise NormConfigError(
@@ -143,7 +163,9 @@ class Norm(nn.Module):
     def _natural_forward(self, x: torch.Tensor) -> torch.Tensor:
         """Forward on an input in the family's own layout."""
         self._check_input(x)
-        return self._fast(x) if self.impl == "fast" else self._reference(x)
+        if self.impl == "fast":
+            return self._fast(x)
+        return self._manual(x) if self.impl == "manual" else self._reference(x)
 
     def _check_input(self, x: torch.Tensor) -> None:
         """Raise NormConfigError if this norm cannot normalise `x`."""
@@ -152,6 +174,9 @@ class Norm(nn.Module):
         raise NotImplementedError
 
     def _reference(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _manual(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
     def _init_affine(self, shape: tuple[int, ...], weight: bool, bias: bool) -> None:

@@ -86,11 +86,13 @@ class DyT(Norm):
 
     alpha0: alpha's initial value (a finite number > 0; the paper's 0.5, which it finds best
     for non-LLM models). elementwise_affine=False drops weight and bias, bias=False only the
-    bias (LayerNorm's keywords); alpha is always learned. impl: `fast` (DyTFunction, a
-    hand-written backward, ~1.5x autograd's speed on CPU) or `reference` (the formula, autograd).
+    bias (LayerNorm's keywords); alpha is always learned. impl: `fast` and `manual` both run
+    DyTFunction, a hand-written backward (~1.5x autograd's speed on CPU; torch has no fused DyT
+    kernel), `reference` the formula with autograd.
     """
 
     family = "dyt"
+    impls = ("fast", "reference", "manual")
     natural_channel_dim = -1
     normalizes = True  # no statistics, but it stands where a norm does: norm_stats hooks it
     tokenwise = True  # elementwise: each token's output depends on that token only
@@ -149,6 +151,9 @@ class DyT(Norm):
     def _fast(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self._affine(x)
         return DyTFunction.apply(x, self.alpha, weight, bias)
+
+    def _manual(self, x: torch.Tensor) -> torch.Tensor:
+        return self._fast(x)  # DyTFunction is the hand-written backward
 
     def _reference(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self._affine(x)

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
 from normlab.norms.base import (
     Norm,
     NormConfigError,
+    channel_view,
     check_eps,
     check_positive_int,
     kernel_affine,
+    standardize,
+    stats_dtype,
 )
 from normlab.norms.registry import register_norm
 from normlab.norms.standardize import GroupStandardize
@@ -24,6 +29,7 @@ class GroupNorm(Norm):
     """
 
     family = "groupnorm"
+    impls = ("fast", "reference", "manual")
     affine_key = "affine"
 
     def __init__(
@@ -62,8 +68,19 @@ class GroupNorm(Norm):
         return F.group_norm(x, self.num_groups, weight, bias, self.eps)
 
     def _reference(self, x: torch.Tensor) -> torch.Tensor:
-        # y = (x - mean) / sqrt(var + eps) * weight + bias with mean and var over each group's
-        # channels and positions; the gradient written out (normlab.norms.standardize)
+        # y = (x - E[x]) / sqrt(Var[x] + eps) * weight + bias with E and Var over each group's
+        # channels and positions (the GN paper's equations); autograd for the backward
+        per_group = math.prod(x.shape[1:]) // self.num_groups
+        groups = x.to(stats_dtype(x.dtype)).reshape(x.shape[0], self.num_groups, per_group)
+        y = standardize(groups, (2,), self.eps).view(x.shape)
+        if self.weight is not None:
+            y = y * channel_view(self.weight, x.dim())
+        if self.bias is not None:
+            y = y + channel_view(self.bias, x.dim())
+        return y.to(x.dtype)
+
+    def _manual(self, x: torch.Tensor) -> torch.Tensor:
+        # the same formula with its gradient written out (normlab.norms.standardize)
         n, g = x.shape[0], self.num_groups
         groups = x.reshape(n, g, self.num_features // g, -1)  # (N, G, C/G, spatial)
         return GroupStandardize.apply(groups, self.weight, self.bias, self.eps).view(x.shape)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
-from normlab.norms.base import NormConfigError, check_positive_int
+from normlab.norms.base import NormConfigError, check_positive_int, stats_dtype
 from normlab.norms.registry import register_norm
 from normlab.norms.running import RunningStatsNorm
+from normlab.norms.standardize import GroupStandardize
 
 
 @register_norm("instancenorm", aliases=("in",))
@@ -25,6 +28,7 @@ class InstanceNorm(RunningStatsNorm):
     """
 
     family = "instancenorm"
+    impls = ("fast", "reference", "manual")
     spatial = True  # statistics over each sample's positions: (N, C) has none
     affine_key = "affine"
     _min_dim = 3  # (N, C) would be read by torch's InstanceNorm1d as one unbatched (C, L)
@@ -78,3 +82,23 @@ class InstanceNorm(RunningStatsNorm):
             factor,
             self.eps,
         )
+
+    def _normalize_with_batch_stats(
+        self, x: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """reference: the formula with autograd (RunningStatsNorm). manual: GroupStandardize,
+        the standardization's gradient written out, with one group per channel of each sample;
+        the statistics for the running averages (mean and unbiased var per sample and channel)
+        computed apart, without gradient, only when they are updated."""
+        if self.impl != "manual":
+            return super()._normalize_with_batch_stats(x)
+        n, c = x.shape[:2]
+        groups = x.reshape(n, c, 1, math.prod(x.shape[2:]))  # (N, C, 1, spatial)
+        y = GroupStandardize.apply(groups, self.weight, self.bias, self.eps).view(x.shape)
+        if not self._updates_running_stats():
+            return y, None, None
+        with torch.no_grad():
+            var, mean = torch.var_mean(
+                x.to(stats_dtype(x.dtype)), self._reduce_dims(x), correction=1, keepdim=True
+            )
+        return y, mean, var

@@ -11,9 +11,12 @@ import torch.nn.functional as F
 from normlab.norms.base import (
     Norm,
     NormConfigError,
+    channel_view,
     check_eps,
     check_positive_int,
     kernel_affine,
+    standardize,
+    stats_dtype,
 )
 from normlab.norms.registry import register_norm
 from normlab.norms.standardize import GroupStandardize, RowStandardize
@@ -47,6 +50,7 @@ class LayerNorm(Norm):
     """Layer normalization over the trailing dims `normalized_shape` of (..., *normalized_shape)."""
 
     family = "layernorm"
+    impls = ("fast", "reference", "manual")
     natural_channel_dim = -1
     tokenwise = True
     affine_key = "elementwise_affine"
@@ -88,7 +92,27 @@ class LayerNorm(Norm):
         return F.layer_norm(x, self.normalized_shape, weight, bias, self.eps)
 
     def _reference(self, x: torch.Tensor) -> torch.Tensor:
-        # y = (x - mean) / sqrt(var + eps) * weight + bias, the gradient written out (standardize)
+        # y = (x - E[x]) / sqrt(Var[x] + eps) * weight + bias, per sample over the normalized
+        # dims (the LN paper's equations); autograd for the backward
+        y = standardize(x.to(stats_dtype(x.dtype)), self._normalized_dims(x), self.eps)
+        weight, bias = self.weight, self.bias
+        if self.channel_dim == 1:  # per-channel affine over (C, *spatial)
+            weight = None if weight is None else channel_view(weight, x.dim())
+            bias = None if bias is None else channel_view(bias, x.dim())
+        if weight is not None:
+            y = y * weight
+        if bias is not None:
+            y = y + bias
+        return y.to(x.dtype)
+
+    def _normalized_dims(self, x: torch.Tensor) -> tuple[int, ...]:
+        """The dims one statistic is taken over: (C, *spatial), or the trailing dims."""
+        if self.channel_dim == 1:
+            return tuple(range(1, x.dim()))
+        return tuple(range(x.dim() - len(self.normalized_shape), x.dim()))
+
+    def _manual(self, x: torch.Tensor) -> torch.Tensor:
+        # the same formula with its gradient written out (normlab.norms.standardize)
         if self.channel_dim == 1:  # per sample over (C, *spatial), per-channel affine
             groups = x.reshape(x.shape[0], 1, x.shape[1], -1)  # (N, 1, C, spatial)
             y = GroupStandardize.apply(groups, self.weight, self.bias, self.eps)

@@ -114,6 +114,7 @@ class RMSNorm(Norm):
     """
 
     family = "rmsnorm"
+    impls = ("fast", "reference", "manual")
     natural_channel_dim = -1
     tokenwise = True
     affine_key = "elementwise_affine"
@@ -159,15 +160,27 @@ class RMSNorm(Norm):
         d = math.prod(self.normalized_shape)
         return x.reshape(-1, d), 1, self.num_stat_features
 
-    def _fast(self, x: torch.Tensor) -> torch.Tensor:
-        rows, spatial, k = self._rows(x)
+    def _row_weight(self, spatial: int) -> torch.Tensor | None:
+        """The weight as one gain per entry of a row (per-channel gains repeated per position)."""
         weight = None if self.weight is None else self.weight.reshape(-1)
         if weight is not None and spatial > 1:
-            weight = weight.repeat_interleave(spatial)  # per-channel gain at every position
+            weight = weight.repeat_interleave(spatial)
+        return weight
+
+    def _fast(self, x: torch.Tensor) -> torch.Tensor:
+        # the fused C++ kernel where it takes the input (CPU, weight in x's dtype), else manual's
+        rows, spatial, k = self._rows(x)
+        weight = self._row_weight(spatial)
         fn = FusedRMSNormFunction if _fused_rms.supports(rows, weight) else RMSNormFunction
         return fn.apply(rows, weight, self._eps(x), k).view(x.shape)
 
+    def _manual(self, x: torch.Tensor) -> torch.Tensor:
+        # RMSNormFunction: torch ops with the gradient written out (any device and dtype)
+        rows, spatial, k = self._rows(x)
+        return RMSNormFunction.apply(rows, self._row_weight(spatial), self._eps(x), k).view(x.shape)
+
     def _reference(self, x: torch.Tensor) -> torch.Tensor:
+        # y = x / sqrt(mean(x[:k]^2) + eps) * weight (the paper's formula); autograd
         rows, _, k = self._rows(x)  # the rms of each row's first k entries
         rows = rows.to(stats_dtype(x.dtype))  # a float32 copy of a half input, else no copy
         rms = torch.sqrt(rows[:, :k].pow(2).mean(-1, keepdim=True) + self._eps(x))

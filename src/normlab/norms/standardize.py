@@ -1,4 +1,4 @@
-"""The standardize-then-affine formula with its gradient written out: the LN/GN reference paths.
+"""The standardize-then-affine formula with its gradient written out: LN/GN/IN's `manual` impl.
 
     y = (x - mean) / sqrt(var + eps) * w + b = xhat * w + b
 
@@ -9,10 +9,11 @@ Its gradient, with gy = dL/dy and sums over the statistics group:
     dL/dx = rstd * (gy * w - A / M - xhat * B / M),   A = sum gy * w,   B = sum gy * w * xhat
 
 (the BN paper's backward with the group in place of the batch). Autograd through the formula
-makes 7-9 full-size tensors per forward + backward and ran 4-9x torch's fused kernel; written
-out, the backward makes one (gy * x, which then holds dL/dx) besides the output, as torch's
-kernels do. Forward and backward are checked with torch.autograd.gradcheck in float64 and
-against torch.nn (tests/test_norms_properties.py, tests/test_norms_vs_torch.py).
+(the `reference` impl, normlab.norms.base.standardize) makes 7-9 full-size tensors per forward
++ backward and ran 4-9x torch's fused kernel; written out, the backward makes one (gy * x,
+which then holds dL/dx) besides the output, as torch's kernels do. Forward and backward are
+checked with torch.autograd.gradcheck in float64 and against torch.nn
+(tests/test_norms_properties.py, tests/test_norms_vs_torch.py).
 
 Precision: statistics are float32 for a float16/bfloat16 x (`stats_dtype`), and so is the
 normalization x * scale + shift (with x ~ 100 and std ~ 5, scale and shift rounded to float16 would
@@ -22,7 +23,8 @@ same ops as before, with no extra full-size tensor.
 
 Two layouts, by where the affine sits relative to the statistics:
 - GroupStandardize: x viewed as (N, G, K, S), statistics per (n, g) over (K, S), affine per
-  channel (g, k): GroupNorm, and LayerNorm over (C, *spatial) (G = 1).
+  channel (g, k): GroupNorm, LayerNorm over (C, *spatial) (G = 1) and InstanceNorm (G = C,
+  K = 1).
 - RowStandardize: x viewed as (R, D), statistics per row, affine per column: LayerNorm over the
   trailing dims.
 """
