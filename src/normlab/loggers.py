@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
 from lightning.pytorch.loggers import (
     CSVLogger,
     Logger,
@@ -123,6 +122,17 @@ class ResumableCSVLogger(CSVLogger):
         self.rows += 1
 
 
+def _flat(tree: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """(`a/b/c`, value) for each leaf of nested dicts, as TensorBoard's HPARAMS tab names them."""
+    leaves = []
+    for key, value in tree.items():
+        if isinstance(value, dict):  # an empty one has no leaf
+            leaves += _flat(value, f"{prefix}{key}/")
+        else:
+            leaves.append((f"{prefix}{key}", value))
+    return leaves
+
+
 # every task's metrics: classification val/test loss and acc, the LM's val/bpc, the DiT's FID-like
 HP_METRICS = ("val/loss", "val/acc", "val/bpc", "val/fid_lenet", "test/loss", "test/acc")
 
@@ -159,8 +169,11 @@ class HparamsTensorBoardLogger(TensorBoardLogger):
             return
         from torch.utils.tensorboard.summary import hparams
 
-        flat = self._sanitize_params(_flatten_dict(_convert_params(params)))
-        writer = self.experiment._get_file_writer()
+        flat = {
+            k: v if isinstance(v, bool | int | float | str) else str(v)
+            for k, v in _flat(vars(params) if isinstance(params, Namespace) else params)
+        }
+        writer = self.experiment.file_writer  # made by the SummaryWriter's constructor
         for summary in hparams(flat, dict.fromkeys(self.hp_metrics)):
             writer.add_summary(summary, step)
 
