@@ -314,6 +314,11 @@ def build(
         task.net = torch.compile(task.net)
     trackers = build_loggers(cfg, resume_point(checkpoint))
     trainer = build_trainer(cfg, built, trackers)
+    if cfg.trainer.get("accelerator") == "cpu":
+        # Lightning's import sets PYTORCH_NVML_BASED_CUDA_CHECK=1 (not to start CUDA before a
+        # fork), and then torch.cuda.is_available(), asked by every optimizer step, loads NVML
+        # anew each time (~40 us a step); a CPU run never uses CUDA: torch's cached check it is
+        os.environ.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)
     return Objects(cfg, datamodule, task, built, trackers, trainer, ckpt, seed, hparams)
 
 
