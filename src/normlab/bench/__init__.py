@@ -60,7 +60,10 @@ def main(argv: list[str] | None = None) -> None:
     cases = [*train.TRAIN_CASES, *train.END_TO_END]
     parser.add_argument("--train-cases", nargs="*", default=None, choices=cases)
     parser.add_argument(
-        "--threads", type=int, default=None, help="torch threads (default: torch's)"
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads of this process (default: torch's); end-to-end runs keep torch's",
     )
     parser.add_argument(
         "--keep-heap", action="store_true", help="glibc: no mmap/trim of freed memory (see top)"
@@ -102,6 +105,6 @@ def main(argv: list[str] | None = None) -> None:
     if args.part in ("norms", "all"):
         report("norms", norms.TITLE, norms.bench(args.rounds or 15), norms.COLUMNS)
     if args.part in ("train", "all"):
-        rows = train.bench(args.rounds or 5, args.train_cases, args.threads)
+        rows = train.bench(args.rounds or 5, args.train_cases)
         report("train", train.TITLE, rows, train.COLUMNS)
     print(f"\nCSV and markdown in {out}")

@@ -260,16 +260,12 @@ def run_end_to_end(overrides: list[str], rounds: int) -> dict[str, object]:
     return {"times": times, "ratio": ratio(times, "normlab", "hand"), "hand": hand, "ours": ours}
 
 
-def end_to_end(
-    rounds: int, names: list[str] | None = None, threads: int | None = None
-) -> list[dict]:
-    """The rows of END_TO_END (all, or those in names), num_threads=`threads` when given."""
+def end_to_end(rounds: int, names: list[str] | None = None) -> list[dict]:
+    """The rows of END_TO_END (all, or those in names)."""
     rows = []
     for name, overrides in END_TO_END.items():
         if names and name not in names:
             continue
-        if threads:
-            overrides = [*overrides, f"num_threads={threads}"]
         got = run_end_to_end(overrides, rounds)
         r, times, hand, ours = got["ratio"], got["times"], got["hand"], got["ours"]
         acc = (
@@ -293,7 +289,7 @@ def end_to_end(
     return rows
 
 
-def bench(rounds: int, names: list[str] | None = None, threads: int | None = None) -> list[dict]:
-    """The training rows: TRAIN_CASES in this process, then END_TO_END as processes (with
-    num_threads=`threads` when given, as this process has)."""
-    return in_process(rounds, names) + end_to_end(rounds, names, threads)
+def bench(rounds: int, names: list[str] | None = None) -> list[dict]:
+    """The training rows: TRAIN_CASES in this process (at its torch threads), then END_TO_END
+    as processes, each run as typed (torch's default threads)."""
+    return in_process(rounds, names) + end_to_end(rounds, names)
