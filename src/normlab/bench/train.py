@@ -10,7 +10,8 @@ median; whole runs of each side, in turn, give the other rows.
 End to end (END_TO_END): `python train.py` as its own process against the hand-written twin
 run (normlab.bench.twin, also its own process: same model, data, split, optimizer, schedule,
 validation each epoch, test at the end), in turn, in a random order each round; the wall time
-of each process from start to exit, the ratio taken per round, then the median.
+of each process from start to exit, the ratio taken per round, then the median (the target is
+for the median; the paired step's is for every run: the rounds' ratios are in per_run).
 """
 
 from __future__ import annotations
@@ -26,12 +27,12 @@ from pathlib import Path
 
 import torch.nn.functional as F
 
-from normlab.bench.timing import PairedSteps, StepTimer, median_ms, ratio
+from normlab.bench.timing import PairedSteps, StepTimer, median_ms
 
 REPO = Path(__file__).resolve().parents[3]
 TRAIN_TARGET, END_TO_END_TARGET = 1.05, 1.15
-COLUMNS = ["case", "measure", "steps", "hand_s", "normlab_s", "ratio", "target", "ok",
-           "mean_loss_hand", "mean_loss_normlab", "note"]  # fmt: skip
+COLUMNS = ["case", "measure", "steps", "hand_s", "normlab_s", "ratio", "per_run", "target",
+           "ok", "mean_loss_hand", "mean_loss_normlab", "note"]  # fmt: skip
 TITLE = "Training: normlab.run vs a hand-written loop"
 
 # cases where normlab does more than the hand loop: their ratio is reported, not held to a target
@@ -195,10 +196,11 @@ def in_process(rounds: int, names: list[str] | None = None) -> list[dict]:
                 times = {
                     side: [r[f"{side}_s"] for r in runs["paired"]] for side in ("hand", "normlab")
                 }
-                r = statistics.median(p["ratio"] for p in runs["paired"])
+                each = [p["ratio"] for p in runs["paired"]]
             else:
                 times = {side: [r[key] for r in runs[side]] for side in ("hand", "normlab")}
-                r = ratio(times, "normlab", "hand")
+                each = [n / h for n, h in zip(times["normlab"], times["hand"], strict=True)]
+            r = statistics.median(each)
             targeted = key == "paired" and name not in EXTRA_WORK
             rows.append({
                 "case": name,
@@ -207,8 +209,9 @@ def in_process(rounds: int, names: list[str] | None = None) -> list[dict]:
                 "hand_s": round(median_ms(times["hand"]) / 1e3, 4),
                 "normlab_s": round(median_ms(times["normlab"]) / 1e3, 4),
                 "ratio": round(r, 3),
-                "target": f"<= {TRAIN_TARGET}" if targeted else "",
-                "ok": ("yes" if r <= TRAIN_TARGET else "NO") if targeted else "",
+                "per_run": " ".join(f"{x:.3f}" for x in each),
+                "target": f"<= {TRAIN_TARGET} each run" if targeted else "",
+                "ok": ("yes" if max(each) <= TRAIN_TARGET else "NO") if targeted else "",
                 "mean_loss_hand": round(runs["hand"][0]["loss"], 4),
                 "mean_loss_normlab": round(runs["normlab"][0]["loss"], 4),
                 "note": EXTRA_WORK.get(name, ""),
@@ -257,7 +260,8 @@ def run_end_to_end(overrides: list[str], rounds: int) -> dict[str, object]:
                     seconds, _ = _process([*train_py, f"hydra.run.dir={run_dir}"])
                     ours = _test_metrics(run_dir)
                 times[side].append(seconds)
-    return {"times": times, "ratio": ratio(times, "normlab", "hand"), "hand": hand, "ours": ours}
+    each = [n / h for n, h in zip(times["normlab"], times["hand"], strict=True)]
+    return {"times": times, "ratios": each, "hand": hand, "ours": ours}
 
 
 def end_to_end(rounds: int, names: list[str] | None = None) -> list[dict]:
@@ -267,7 +271,8 @@ def end_to_end(rounds: int, names: list[str] | None = None) -> list[dict]:
         if names and name not in names:
             continue
         got = run_end_to_end(overrides, rounds)
-        r, times, hand, ours = got["ratio"], got["times"], got["hand"], got["ours"]
+        each, times, hand, ours = got["ratios"], got["times"], got["hand"], got["ours"]
+        r = statistics.median(each)
         acc = (
             f"test/acc {hand.get('test/acc', float('nan')):.4f} (hand) vs "
             f"{ours.get('test/acc', float('nan')):.4f} (normlab); "
@@ -281,6 +286,7 @@ def end_to_end(rounds: int, names: list[str] | None = None) -> list[dict]:
             "hand_s": round(statistics.median(times["hand"]), 2),
             "normlab_s": round(statistics.median(times["normlab"]), 2),
             "ratio": round(r, 3),
+            "per_run": " ".join(f"{x:.3f}" for x in each),
             "target": f"<= {END_TO_END_TARGET}",
             "ok": "yes" if r <= END_TO_END_TARGET else "NO",
             "note": acc,
