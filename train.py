@@ -8,10 +8,10 @@ import normlab.config  # registers the resolvers conf/ uses (omegaconf only: loa
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def entry(cfg: DictConfig) -> float | None:
-    normlab.config.check_or_exit(cfg)  # a bad value fails before torch and Lightning load
+    checked = normlab.config.check_or_exit(cfg)  # a bad value fails before torch loads
     from normlab.run import main
 
-    return main(cfg)
+    return main(cfg, validated=checked)
 
 
 if __name__ == "__main__":

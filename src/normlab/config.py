@@ -191,18 +191,20 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"trainer.max_epochs must be a positive integer, got {epochs!r}")
 
 
-def check_or_exit(cfg: DictConfig) -> None:
+def check_or_exit(cfg: DictConfig) -> bool:
     """A single run's plain config checks, before torch and Lightning load (seconds of imports):
-    a bad value exits at once with its message. In a sweep normlab.run.main checks each job,
-    records a failure in the summary and goes on."""
+    a bad value exits at once with its message; True when checked (normlab.run.main does not
+    check it again). In a sweep normlab.run.main checks each job, records a failure in the
+    summary and goes on: False."""
     from hydra.core.hydra_config import HydraConfig
 
     if HydraConfig.initialized() and HydraConfig.get().mode.name == "MULTIRUN":
-        return
+        return False
     try:
         validate(cfg)
     except ConfigError as err:
         raise SystemExit(f"error: {err}") from None
+    return True
 
 
 def compose(overrides: list[str], run_dir: str | Path, config_dir: str | Path) -> DictConfig:

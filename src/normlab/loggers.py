@@ -9,12 +9,12 @@ import os
 import secrets
 import signal
 import socket
+import warnings
 from argparse import Namespace
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
 from lightning.pytorch.loggers import (
     CSVLogger,
     Logger,
@@ -55,34 +55,21 @@ def wandb_has_credentials() -> bool:
     return bool(auth and auth[2])
 
 
-class _ResumedWriter(ExperimentWriter):
-    """Keeps the rows of an existing metrics.csv logged before the resumed checkpoint (its
-    first `keep_rows` rows, or without that count the rows of steps before `keep_until_step`)
-    instead of deleting the file."""
-
-    def __init__(self, log_dir: str, keep_until_step: int, keep_rows: int | None = None):
-        self.keep_until_step = keep_until_step
-        self.keep_rows = keep_rows
-        self.kept = 0
-        super().__init__(log_dir)
-
-    def _check_log_dir_exists(self) -> None:
-        path = Path(self.metrics_file_path)
-        if not path.is_file():
-            return
-        with open(path, newline="") as f:
-            reader = csv.DictReader(f)
-            header = list(reader.fieldnames or [])
-            if self.keep_rows is not None:
-                rows = list(itertools.islice(reader, self.keep_rows))
-            else:
-                rows = [r for r in reader if int(float(r["step"])) < self.keep_until_step]
-        with open(path, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=header)
-            writer.writeheader()
-            writer.writerows(rows)
-        self.metrics_keys = header
-        self.kept = len(rows)
+def _keep_rows(path: Path, keep_until_step: int, keep_rows: int | None) -> tuple[list[str], int]:
+    """Cut the metrics.csv at path to its first `keep_rows` rows (without that count, the rows
+    of steps before `keep_until_step`); its header and the rows kept."""
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        header = list(reader.fieldnames or [])
+        if keep_rows is not None:
+            rows = list(itertools.islice(reader, keep_rows))
+        else:
+            rows = [r for r in reader if int(float(r["step"])) < keep_until_step]
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=header)
+        writer.writeheader()
+        writer.writerows(rows)
+    return header, len(rows)
 
 
 class ResumableCSVLogger(CSVLogger):
@@ -105,19 +92,45 @@ class ResumableCSVLogger(CSVLogger):
         self.resume_step = resume_step
         self.resume_rows = resume_rows
         self.rows = 0
+        self._opened = False  # the writer exists (made by the first use of `experiment`)
 
     @property
     def experiment(self) -> ExperimentWriter:
-        if self._experiment is None and self.resume_step is not None:
-            self._fs.makedirs(self.root_dir, exist_ok=True)
-            writer = _ResumedWriter(self.log_dir, self.resume_step, self.resume_rows)
-            self._experiment, self.rows = writer, writer.kept
-        return super().experiment
+        if self._opened or self.resume_step is None or rank_zero_only.rank != 0:
+            self._opened = True
+            return super().experiment
+        self._opened = True
+        path = Path(self.log_dir) / ExperimentWriter.NAME_METRICS_FILE
+        if not path.is_file():
+            return super().experiment
+        header, self.rows = _keep_rows(path, self.resume_step, self.resume_rows)
+        # Lightning's writer deletes a metrics.csv it finds: it is put back once the writer exists
+        aside = path.with_name(f".{path.name}.resumed")
+        os.replace(path, aside)
+        try:
+            with warnings.catch_warnings():  # "... exists and is not empty": it is kept
+                warnings.filterwarnings("ignore", "Experiment logs directory")
+                writer = super().experiment
+        finally:
+            os.replace(aside, path)
+        writer.metrics_keys = header  # new keys rewrite the header, the kept rows with it
+        return writer
 
     @rank_zero_only
     def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
         super().log_metrics(metrics, step)  # one row
         self.rows += 1
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """(`a/b/c`, value) for each leaf of nested dicts, as TensorBoard's HPARAMS tab names them."""
+    leaves = []
+    for key, value in tree.items():
+        if isinstance(value, dict):  # an empty one has no leaf
+            leaves += _flat(value, f"{prefix}{key}/")
+        else:
+            leaves.append((f"{prefix}{key}", value))
+    return leaves
 
 
 # every task's metrics: classification val/test loss and acc, the LM's val/bpc, the DiT's FID-like
@@ -156,8 +169,11 @@ class HparamsTensorBoardLogger(TensorBoardLogger):
             return
         from torch.utils.tensorboard.summary import hparams
 
-        flat = self._sanitize_params(_flatten_dict(_convert_params(params)))
-        writer = self.experiment._get_file_writer()
+        flat = {
+            k: v if isinstance(v, bool | int | float | str) else str(v)
+            for k, v in _flat(vars(params) if isinstance(params, Namespace) else params)
+        }
+        writer = self.experiment.file_writer  # made by the SummaryWriter's constructor
         for summary in hparams(flat, dict.fromkeys(self.hp_metrics)):
             writer.add_summary(summary, step)
 

@@ -1,4 +1,5 @@
-"""One training run from a composed config: data, task, callbacks, trackers, trainer; fit; test."""
+"""One training run from a composed config: build (data, task, callbacks, trackers, trainer),
+then fit (fit, test); main is the Hydra task function of train.py."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import threading
 import time
 import traceback
 import zipfile
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -176,16 +179,19 @@ def _other_run(cfg: DictConfig) -> str | None:
     return differences(old, new, cfg, "run dir", "config") or "another config_hash"
 
 
-def build_callbacks(cfg: DictConfig, task: pl.LightningModule) -> list[pl.Callback]:
-    callbacks: list[pl.Callback] = [ConfigInCheckpoint(OmegaConf.to_container(cfg, resolve=True))]
+def build_callbacks(
+    cfg: DictConfig, task: pl.LightningModule, resolved: dict[str, Any] | None = None
+) -> list[pl.Callback]:
+    """cfg.callbacks (a null entry dropped), the config in every checkpoint, the epoch lines.
+    `resolved`: cfg resolved, when the caller has it already."""
+    if resolved is None:
+        resolved = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
+    callbacks: list[pl.Callback] = [ConfigInCheckpoint(resolved)]  # type: ignore[arg-type]
     for name, cb_cfg in (cfg.get("callbacks") or {}).items():
         if cb_cfg is None:
             continue
-        extra = {}
-        if cb_cfg.get("_target_", "").endswith("ModelCheckpoint") and cb_cfg.get("monitor") is None:
-            extra = {"monitor": task.monitor, "mode": task.monitor_mode}
         try:
-            callbacks.append(instantiate(cb_cfg, **extra))
+            callbacks.append(instantiate(cb_cfg))
         except Exception as err:  # instantiate wraps the cause; name the config key
             raise ConfigError(f"callbacks.{name}: {err}") from err
     if cfg.get("progress") == "epoch":
@@ -228,17 +234,9 @@ def resume_point(checkpoint: dict[str, Any] | None) -> dict[str, int | None]:
     return {"resume_step": int(checkpoint["global_step"]), "resume_rows": rows}
 
 
-def train(cfg: DictConfig, checkpoint: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Fit (and test) one config; return {'status', 'note' (why not ok), 'metrics', 'seed'}.
-
-    Nothing is written to the run dir before the checks pass: the config, the trackers' servers,
-    a checkpoint to resume against the model, an earlier run of another config in the dir (a
-    single run that does not resume it), whether the run dir and checkpoint dirs can be written.
-    `checkpoint`: the checkpoint at cfg.ckpt_path when the caller has read it already."""
-    console.configure()
-    config.validate(cfg)
-    loggers.check_servers(cfg.get("logger"))
-    other_run = _other_run(cfg)  # before a random seed is written into cfg
+def build_task(cfg: DictConfig) -> tuple[int, pl.LightningDataModule, pl.LightningModule]:
+    """The seed, the data module (its files checked) and the task, as a run makes them: seeded
+    (cfg.seed, or one picked at random and written into cfg), on cfg's threads and heap."""
     seed = cfg.seed if cfg.seed is not None else random.randrange(2**31)
     with open_dict(cfg):
         cfg.seed = seed  # a seed picked at random reaches what interpolates it (data.seed)
@@ -247,10 +245,45 @@ def train(cfg: DictConfig, checkpoint: dict[str, Any] | None = None) -> dict[str
         torch.set_num_threads(int(cfg.num_threads))
     if cfg.get("keep_heap"):
         keep_heap()
-
     datamodule: pl.LightningDataModule = instantiate(cfg.data)
     datamodule.prepare_data()  # missing or corrupted files fail here, before anything runs
-    task: pl.LightningModule = instantiate(cfg.model)
+    return seed, datamodule, instantiate(cfg.model)
+
+
+@dataclass
+class Objects:
+    """What build() makes of a config and fit() runs (lightning-hydra-template's object_dict)."""
+
+    cfg: DictConfig
+    datamodule: pl.LightningDataModule
+    task: pl.LightningModule
+    callbacks: list[pl.Callback]
+    loggers: list[pl.loggers.Logger]
+    trainer: pl.Trainer
+    ckpt_path: str | None  # the checkpoint fit resumes from
+    seed: int
+    hparams: dict[str, Any]  # cfg resolved: what the trackers record
+
+
+def build(
+    cfg: DictConfig,
+    checkpoint: dict[str, Any] | None = None,
+    callbacks: Sequence[pl.Callback] = (),
+    validated: bool = False,
+) -> Objects:
+    """Data, task, callbacks (cfg's, then `callbacks`), trackers and trainer of one config.
+
+    Nothing is written to the run dir before the checks pass: the config (unless `validated`
+    by the caller), the trackers' servers, a checkpoint to resume against the model, an earlier
+    run of another config in the dir (a single run that does not resume it), whether the run
+    dir and checkpoint dirs can be written. `checkpoint`: the checkpoint at cfg.ckpt_path when
+    the caller has read it already."""
+    console.configure()
+    if not validated:
+        config.validate(cfg)
+    loggers.check_servers(cfg.get("logger"))
+    other_run = _other_run(cfg)  # before a random seed is written into cfg
+    seed, datamodule, task = build_task(cfg)
     preflight(task, int(cfg.batch))
 
     run_dir = _run_dir(cfg)
@@ -267,8 +300,9 @@ def train(cfg: DictConfig, checkpoint: dict[str, Any] | None = None) -> dict[str
             f"hydra.run.dir, or overwrite=true to move that run to {run_dir}/"
             f"{rundir.OLD_PREFIX}<time>/ and start anew"
         )
-    callbacks = build_callbacks(cfg, task)
-    dirs = [Path(c.dirpath) for c in callbacks if getattr(c, "dirpath", None)]
+    hparams: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
+    built = [*build_callbacks(cfg, task, hparams), *callbacks]
+    dirs = [Path(c.dirpath) for c in built if getattr(c, "dirpath", None)]
     rundir.probe([run_dir, *dirs])  # an unwritable checkpoint dir fails now, not after an epoch
     if other_run is not None:
         log.info("overwrite=true: moved the earlier run to %s", rundir.current().move_aside())
@@ -279,22 +313,32 @@ def train(cfg: DictConfig, checkpoint: dict[str, Any] | None = None) -> dict[str
     if cfg.get("compile"):
         task.net = torch.compile(task.net)
     trackers = build_loggers(cfg, resume_point(checkpoint))
-    trainer = build_trainer(cfg, callbacks, trackers)
-    hparams = OmegaConf.to_container(cfg, resolve=True)
-    hparams["seed"] = seed
+    trainer = build_trainer(cfg, built, trackers)
+    if cfg.trainer.get("accelerator") == "cpu":
+        # Lightning's import sets PYTORCH_NVML_BASED_CUDA_CHECK=1 (not to start CUDA before a
+        # fork), and then torch.cuda.is_available(), asked by every optimizer step, loads NVML
+        # anew each time (~40 us a step); a CPU run never uses CUDA: torch's cached check it is
+        os.environ.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)
+    return Objects(cfg, datamodule, task, built, trackers, trainer, ckpt, seed, hparams)
 
+
+def fit(objects: Objects) -> dict[str, Any]:
+    """Fit (and test) what build() made; {'status', 'note' (why not ok), 'metrics', 'seed'}."""
+    o = objects
     status, error = "failed", None
     try:
         with _sigterm_ends_run():
-            for tracker in trackers:
-                tracker.log_hyperparams(hparams)
-            trainer.fit(task, datamodule=datamodule, ckpt_path=ckpt, weights_only=False)
-            if trainer.received_sigterm:  # in fit's last batch: Lightning let it finish
+            for tracker in o.loggers:
+                tracker.log_hyperparams(o.hparams)
+            o.trainer.fit(
+                o.task, datamodule=o.datamodule, ckpt_path=o.ckpt_path, weights_only=False
+            )
+            if o.trainer.received_sigterm:  # in fit's last batch: Lightning let it finish
                 raise SIGTERMException()
-            status = getattr(task, "run_status", "ok")
-            metrics = _scalars(trainer.callback_metrics)
-            if cfg.get("test") and status == "ok" and is_overridden("test_step", task):
-                metrics.update(_test(trainer, task, datamodule))
+            status = getattr(o.task, "run_status", "ok")
+            metrics = _scalars(o.trainer.callback_metrics)
+            if o.cfg.get("test") and status == "ok" and is_overridden("test_step", o.task):
+                metrics.update(_test(o.trainer, o.task, o.datamodule))
     except BaseException as err:
         error = err
         signum = loggers.killed_by(err)
@@ -302,9 +346,16 @@ def train(cfg: DictConfig, checkpoint: dict[str, Any] | None = None) -> dict[str
             raise SystemExit(128 + signum) from err  # (Lightning's exit after a KeyboardInterrupt)
         raise
     finally:
-        loggers.finish(trackers, error, failed=status != "ok")
-    note = getattr(task, "run_note", "")
-    return {"status": status, "note": note, "metrics": metrics, "seed": seed}
+        loggers.finish(o.loggers, error, failed=status != "ok")
+    note = getattr(o.task, "run_note", "")
+    return {"status": status, "note": note, "metrics": metrics, "seed": o.seed}
+
+
+def train(
+    cfg: DictConfig, checkpoint: dict[str, Any] | None = None, validated: bool = False
+) -> dict[str, Any]:
+    """fit(build(cfg)): one config fitted (and tested); see build and fit."""
+    return fit(build(cfg, checkpoint, validated=validated))
 
 
 def _test(
@@ -347,15 +398,17 @@ def _scalars(metrics: dict[str, torch.Tensor]) -> dict[str, float]:
     }
 
 
-def main(cfg: DictConfig) -> float | None:
+def main(cfg: DictConfig, validated: bool = False) -> float | None:
     """Hydra task function: one job. A single run that fails on bad input or diverges exits
     non-zero with one line; in a multirun, record a summary row and the job's outcome (the
-    multirun's exit code: normlab.hydra_callbacks.SweepExitCode) and never raise."""
+    multirun's exit code: normlab.hydra_callbacks.SweepExitCode) and never raise.
+    `validated`: cfg passed config.validate already (train.py checks a single run's config
+    before torch loads)."""
     hc = _hydra()
     multirun = hc is not None and hc.mode.name == "MULTIRUN"
     if not multirun:
         try:
-            result = train(cfg)
+            result = train(cfg, validated=validated)
         except Exception as err:
             cause = user_error(err) or rundir.write_error(err, _run_dir(cfg))
             if cause is None:

@@ -22,6 +22,8 @@ from typing import Any
 
 import yaml
 
+from normlab.tables import markdown_table
+
 log = logging.getLogger(__name__)
 # a job's identity (normlab.identity) and whether its row was reused from an earlier invocation
 IDENTITY_COLUMNS = ["reused", "config_hash", "code_version"]
@@ -123,11 +125,7 @@ def _fmt(value: Any) -> str:
 
 def _markdown(rows: list[dict[str, str]], columns: list[str]) -> str:
     shown = [c for c in columns if c not in ("run_dir", "error")] + ["error"]
-    lines = ["| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
-    for row in rows:
-        cells = [row.get(c, "").replace("|", "\\|").replace("\n", " ")[:200] for c in shown]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    return markdown_table(shown, ([row.get(c, "") for c in shown] for row in rows), 200) + "\n"
 
 
 def same_job(a: str, b: str) -> bool:

@@ -28,6 +28,7 @@ from normlab.analysis.curves import (
 from normlab.analysis.logs import Run
 from normlab.analysis.report import Claim, Result
 from normlab.analysis.stats import ABOVE, BELOW, Interval
+from normlab.tables import markdown_table
 
 # ----- the paper's claims (Wang et al. 2022, "DeepNet: Scaling Transformers to 1,000 Layers") --
 PAPER = {
@@ -311,8 +312,7 @@ def render(data: pd.DataFrame) -> Result:
 
 def update_table(data: pd.DataFrame, depths: list[int], warmup: int) -> str:
     """update_norm at SHOWN_STEPS: geometric mean over seeds per placement and depth."""
-    head = "| placement | depth | " + " | ".join(f"step {s}" for s in SHOWN_STEPS) + " |"
-    lines = [head, "|---|---|" + "---|" * len(SHOWN_STEPS)]
+    rows = []
     for placement, label in PLACEMENTS.items():
         for depth in depths:
             table = updates(data, placement, depth, warmup)
@@ -321,8 +321,8 @@ def update_table(data: pd.DataFrame, depths: list[int], warmup: int) -> str:
                 column = table.get(float(s))
                 mean = Interval.of(column.dropna(), log=True).mean if column is not None else None
                 cells.append("n/a" if mean is None or np.isnan(mean) else f"{mean:.3g}")
-            lines.append(f"| {label} | {depth} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+            rows.append([label, depth, *cells])
+    return markdown_table(["placement", "depth", *(f"step {s}" for s in SHOWN_STEPS)], rows)
 
 
 def _notes(data: pd.DataFrame, depths: list[int], warmups: list[int], deep: list[int]) -> list[str]:

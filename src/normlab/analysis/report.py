@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from normlab.analysis import stats  # noqa: E402
+from normlab.tables import cell, markdown_table  # noqa: E402, F401 (cell: report.cell)
 
 
 @dataclass
@@ -182,11 +183,6 @@ def fmt(value: float, digits: int = 3) -> str:
     return "n/a" if value is None or math.isnan(value) else f"{value:.{digits}g}"
 
 
-def cell(text: str) -> str:
-    """Text safe inside a markdown table cell (a norm's bars |x| would split the row)."""
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
 def _figure_and_header(
     result: Result, paths: dict[str, Path], name: str, title: str, command: str, budget: str
 ) -> list[str]:
@@ -242,13 +238,9 @@ def seeds_text(jobs: pd.DataFrame) -> str:
 def claims_table(claims: list[Claim | IntervalClaim | AnyClaim]) -> str:
     """The claims as a markdown table (mean and 95% CI over seeds, verdict), their rules and how
     their intervals were computed."""
-    lines = [
-        "| claim (as tested here) | paper | ours: mean [95% CI] | seeds | verdict |",
-        "|---|---|---|---|---|",
-    ]
-    for c in claims:
-        cells = (c.claim, c.paper_number, c.ours(), str(c.interval.n), f"**{c.verdict}**")
-        lines.append("| " + " | ".join(cell(x) for x in cells) + " |")
+    columns = ["claim (as tested here)", "paper", "ours: mean [95% CI]", "seeds", "verdict"]
+    rows = [(c.claim, c.paper_number, c.ours(), c.interval.n, f"**{c.verdict}**") for c in claims]
+    lines = [markdown_table(columns, rows)]
     lines += ["", "Rules (in code: `normlab.analysis`; the rule each verdict was decided by):", ""]
     lines += [f"- *{c.claim}*: {c.rule}." for c in claims]
     methods = dict.fromkeys(c.ci_method for c in claims) or {stats.CI_METHOD: None}
@@ -258,13 +250,12 @@ def claims_table(claims: list[Claim | IntervalClaim | AnyClaim]) -> str:
 
 def jobs_table(jobs: pd.DataFrame) -> str:
     """The jobs the figure was drawn from: arm, seed, status, wall time, reused or not."""
-    lines = ["| arm | seed | status | wall time (s) | reused |", "|---|---|---|---|---|"]
+    rows = []
     for job in jobs.itertuples():
         error = f" ({str(job.error)[:80]})" if isinstance(job.error, str) and job.error else ""
         reused = "yes" if job.reused == 1 else "no"
-        cells = (job.arm, str(job.seed), f"{job.status}{error}", fmt(job.wall_time_s, 4), reused)
-        lines.append("| " + " | ".join(cell(x) for x in cells) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append((job.arm, job.seed, f"{job.status}{error}", fmt(job.wall_time_s, 4), reused))
+    return markdown_table(["arm", "seed", "status", "wall time (s)", "reused"], rows) + "\n"
 
 
 def write_evidence(

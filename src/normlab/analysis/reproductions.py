@@ -157,7 +157,6 @@ REPRODUCTIONS: dict[str, Reproduction] = {
             arm=ln_placement.arm,
             extract=ln_placement.extract,
             render=ln_placement.render,
-            requires=("model/transformer.yaml",),
         ),
         Reproduction(
             name="ln_rnn",
@@ -176,7 +175,6 @@ REPRODUCTIONS: dict[str, Reproduction] = {
             arm=ln_rnn.arm,
             extract=ln_rnn.extract,
             render=ln_rnn.render,
-            requires=("model/lstm.yaml",),
         ),
         Reproduction(
             name="deepnorm_depth",
@@ -214,7 +212,6 @@ REPRODUCTIONS: dict[str, Reproduction] = {
             arm=deepnorm_depth.arm,
             extract=deepnorm_depth.extract,
             render=deepnorm_depth.render,
-            requires=("model/transformer.yaml",),
         ),
         Reproduction(
             name="rmsnorm_speed",
@@ -248,7 +245,6 @@ REPRODUCTIONS: dict[str, Reproduction] = {
             arm=rmsnorm_speed.arm,
             extract=rmsnorm_speed.extract,
             render=rmsnorm_speed.render,
-            requires=("model/transformer.yaml",),
             max_jobs=1,  # timings: one job at a time, so the jobs do not slow each other
         ),
         Reproduction(
@@ -272,7 +268,6 @@ REPRODUCTIONS: dict[str, Reproduction] = {
             extract=dit_conditioning.extract,
             render=dit_conditioning.render,
             finish=dit_conditioning.resample,
-            requires=("model/dit.yaml",),
             prepare=ensure_fid_lenet,
         ),
         Reproduction(
@@ -295,7 +290,6 @@ REPRODUCTIONS: dict[str, Reproduction] = {
             extract=dit_conditioning.extract,
             render=dit_conditioning.render_deep,
             finish=dit_conditioning.resample,
-            requires=("model/dit.yaml",),
             prepare=ensure_fid_lenet,
         ),
         Reproduction(
@@ -334,7 +328,6 @@ REPRODUCTIONS: dict[str, Reproduction] = {
             render=dyt_vs_ln.render,
             finish=dyt_vs_ln.measure_ln_maps,
             norm_grids=("gpt", "dit"),  # --norm X: X against LayerNorm in the GPT and the DiT
-            requires=("model/transformer.yaml", "model/dit.yaml"),
             prepare=ensure_fid_lenet,
         ),
     ]

@@ -80,7 +80,6 @@ class Reproduction:
     arm: Callable[[Run], str]  # the arm a job belongs to (its seed aside)
     extract: Callable[[list[Run]], pd.DataFrame]
     render: Callable[[pd.DataFrame], Result]
-    requires: tuple[str, ...] = ()  # conf/ files the sweep needs (models other engineers add)
     max_jobs: int | None = None  # cap on parallel jobs (timing sweeps run one job at a time)
     prepare: Callable[[Path], None] | None = None  # makes files the jobs read (run from REPO)
     # measures more of the finished jobs (runs, parallel jobs, REPO), before extract reads them
@@ -115,11 +114,6 @@ class Reproduction:
             if g.name in self.norm_grids
         )
         return replace(self, grids=self.grids + added)
-
-    def missing(self, repo: Path = REPO) -> list[str]:
-        """conf/ files this reproduction needs that are not there yet."""
-        needed = {f"experiment/{g.experiment}.yaml" for g in self.grids} | set(self.requires)
-        return sorted(p for p in needed if not (repo / "conf" / p).is_file())
 
 
 def seed_override(seeds: int | None) -> tuple[str, ...]:

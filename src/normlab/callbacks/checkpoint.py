@@ -1,4 +1,5 @@
-"""Resumable runs: `last.ckpt` every n steps (atomically) with the RNG states inside."""
+"""Checkpoints: `best.ckpt` by the task's own metric (BestCheckpoint), and for resumable runs
+`last.ckpt` every n steps (atomically) with the RNG states inside (LastCheckpoint)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,29 @@ from typing import Any
 import lightning.pytorch as pl
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import Checkpoint
+from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 
 from normlab.errors import RunDirError
 from normlab.loggers import ResumableCSVLogger
 from normlab.rundir import probe
+
+
+class BestCheckpoint(ModelCheckpoint):
+    """Lightning's ModelCheckpoint whose `monitor: null` is the task's metric: the task's
+    `monitor` and `monitor_mode` (normlab.tasks.base.Task), read when the trainer sets it up.
+    `mode: null` is then the task's mode, else Lightning's default (min)."""
+
+    def __init__(self, monitor: str | None = None, mode: str | None = None, **kwargs: Any):
+        super().__init__(monitor=monitor, mode=mode or "min", **kwargs)
+        self._mode_given = mode is not None
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self.monitor is None and getattr(pl_module, "monitor", None):
+            self.monitor = pl_module.monitor
+            if not self._mode_given:
+                self.mode = pl_module.monitor_mode
+                self.kth_value = torch.tensor(torch.inf if self.mode == "min" else -torch.inf)
+        super().setup(trainer, pl_module, stage)
 
 
 class LastCheckpoint(Checkpoint):

@@ -103,7 +103,10 @@ class FashionMNISTDataModule(pl.LightningDataModule):
 
     def prepare_data(self) -> None:
         """Download when files are missing (and allowed); unpack .gz files whose unpacked file is
-        missing; verify every file's sha256 (hashed from its bytes on every call)."""
+        missing; verify every file's sha256 (hashed from its bytes). Once per data module: a run
+        checks its files before it starts, and Lightning's fit and test call this again."""
+        if self._paths:
+            return
         absent = self._absent()
         if absent and self.download:
             self._download(absent)
@@ -193,7 +196,7 @@ class FashionMNISTDataModule(pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.splits:
             return
-        self.prepare_data()
+        self.prepare_data()  # a no-op when this data module has checked its files
         images, labels = self._read(train=True)
         test_images, test_labels = self._read(train=False)
         self.check_sizes(self.trainer.world_size if self.trainer else 1)

@@ -80,8 +80,11 @@ class Task(pl.LightningModule):
         """self.log of a per-step training value, on the steps the loggers write (every
         trainer.log_every_n_steps): a value logged on other steps is never written, and each
         self.log call costs about as much as a small model's optimizer step."""
-        connector = getattr(self._trainer, "_logger_connector", None)
-        if connector is None or connector.should_update_logs:
+        trainer = self.trainer
+        every = trainer.log_every_n_steps
+        # the step being taken, counted from 1, as Lightning's logger connector counts it
+        due = every > 0 and (trainer.global_step + 1) % every == 0
+        if due or trainer.should_stop or trainer.fast_dev_run:
             self.log(name, value, on_step=True, on_epoch=False, prog_bar=True)
 
     def param_groups(self) -> list[dict[str, Any]]:

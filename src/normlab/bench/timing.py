@@ -1,6 +1,6 @@
-"""Timing and memory helpers for scripts/bench.py: interleaved repeats, ratios to a baseline.
+"""Timing and memory helpers of the bench: interleaved repeats, ratios to a baseline.
 
-Every figure bench.py reports is a ratio to a baseline measured in the same process: the
+Every figure the bench reports is a ratio to a baseline measured in the same process: the
 candidates and their baseline run in turn (baseline, a, b, baseline, a, b, ...) so that load from
 other processes on a shared machine hits all of them alike, and a ratio is the median over rounds
 of (candidate time / baseline time) in the same round.
@@ -110,18 +110,12 @@ def activation_bytes(module: nn.Module, x: torch.Tensor) -> int:
 
 
 class StepTimer(pl.Callback):
-    """Times of the training steps of a run: each from the end of the last step to its own end.
-
-    Added to a run by config (`+callbacks.bench_timer._target_=_timing.StepTimer`); the instance
-    of the latest run is `StepTimer.last`.
-    """
-
-    last: StepTimer | None = None
+    """Times of the training steps of a run: each from the end of the last step to its own end
+    (normlab.run.build(cfg, callbacks=[timer]) adds it to a run)."""
 
     def __init__(self) -> None:
         self.stamps: list[float] = []  # epoch start, then the end of every training step
         self.losses: list[float] = []
-        StepTimer.last = self
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self.stamps:
@@ -140,28 +134,23 @@ class StepTimer(pl.Callback):
 class PairedSteps(pl.Callback):
     """Step times of a run and of a hand-written twin, interleaved step by step.
 
-    After each training step of the run, one step of the twin (a callable made by
-    `PairedSteps.make_twin` when training starts, with the global RNG state restored after) runs
+    When training starts, `make_twin()` (with the global RNG state restored after) returns the
+    twin's step, a callable. After each training step of the run, one step of the twin runs
     and is timed apart; the run's step is the time from the end of the twin's last step to the
     end of its own, so everything the run does between steps is counted on its side. Load from
     other processes that lasts longer than a step hits both sides of a pair alike.
     """
 
-    make_twin: Callable[[], Callable[[], Any]] | None = None
-    last: PairedSteps | None = None
-
-    def __init__(self) -> None:
+    def __init__(self, make_twin: Callable[[], Callable[[], Any]]) -> None:
+        self.make_twin = make_twin
         self.normlab: list[float] = []
         self.hand: list[float] = []
         self.mark: float | None = None
         self.twin: Callable[[], Any] | None = None
-        PairedSteps.last = self
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if PairedSteps.make_twin is None:
-            raise RuntimeError("PairedSteps.make_twin is not set")
         with torch.random.fork_rng():
-            self.twin = PairedSteps.make_twin()
+            self.twin = self.make_twin()
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.mark is None:
