@@ -395,7 +395,8 @@ def _gpt_panel(ax: plt.Axes, data: pd.DataFrame) -> None:
            title="Pre-LN GPT on tiny Shakespeare")  # fmt: skip
     if ax.lines:
         low = min(line.get_ydata().min() for line in ax.lines)
-        ax.set_ylim(low - 0.05, low + 1.2)
+        last = max(line.get_ydata()[-1] for line in ax.lines)  # a stuck arm stays in view
+        ax.set_ylim(low - 0.05, max(low + 1.2, last + 0.15))
         ax.legend(fontsize=7)
 
 

@@ -39,7 +39,7 @@ def arm(run: Run) -> str:
     precise statistics apart."""
     if run.get("batch") == "256":
         return FIXED
-    if run.get("callbacks.precise_bn.enabled") == "true":
+    if run.get("callbacks.precise_bn.enabled").lower() == "true":
         return PRECISE
     return run.get("norm")
 
