@@ -126,9 +126,12 @@ def test_half_inputs_are_computed_in_float32(impl, dtype):
     torch.testing.assert_close(x.grad, ref_x.grad.to(dtype), **one_ulp)
     # float32 parameters get float32 gradients summed in float32 over 512 rows (a sum in half
     # would be off by ~1e-3 relative)
+    # alpha's gradient is one float32 sum over all 32,768 values: the summation order alone
+    # moves it by ~sqrt(32768) float32 ulps (~1e-5 relative), so it gets 1e-4
     for p, r in zip((norm.alpha, norm.weight, norm.bias), ref_params, strict=True):
         assert p.grad.dtype == torch.float32
-        torch.testing.assert_close(p.grad, r.grad, rtol=1e-5, atol=1e-5)
+        rtol = 1e-4 if p is norm.alpha else 1e-5
+        torch.testing.assert_close(p.grad, r.grad, rtol=rtol, atol=1e-5)
 
 
 # ------------------------------------------------------------------------------ the module

@@ -189,7 +189,8 @@ class AdaLNZeroConditioning(Conditioning):
     def normalize(
         self, norm: TokenNorm, x: torch.Tensor, c: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor | float]:
-        return norm.norm_and_gate(x, c)  # AdaLNZero: the regressed gate; AdaLN: 1
+        out = norm(x, c)  # called as a module, so its hooks (the norm statistics) see it
+        return out if norm.gated else (out, 1.0)  # AdaLNZero: (h, regressed gate); AdaLN: h
 
     def inputs(
         self, tokens: torch.Tensor, t_emb: torch.Tensor, y_emb: torch.Tensor
