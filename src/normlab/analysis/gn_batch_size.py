@@ -86,7 +86,7 @@ def _claims(err: dict[str, pd.DataFrame]) -> list[Claim]:
             (MIN_BN_RISE, ABOVE),
         )
     ]
-    for b in sorted((b for b in gn.columns if b != BIG), reverse=True):
+    for b in sorted((b for b in gn.columns if b != BIG and gn[b].notna().any()), reverse=True):
         claims.append(
             Claim(
                 f"GN's error at b={b} stays within +-{GN_FLAT:g} point of b={BIG}",
