@@ -118,13 +118,12 @@ def fit_maps(x: np.ndarray, y: np.ndarray) -> dict[str, float]:
     return fits
 
 
-def _load_task(run_dir: Path) -> torch.nn.Module:
-    """The job's task with its last checkpoint's weights."""
+def _load_task(run_dir: Path, cfg) -> torch.nn.Module:
+    """The job's task (cfg: its composed config) with its last checkpoint's weights."""
     from hydra.utils import instantiate
 
     from normlab.config import import_plugins
 
-    cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
     import_plugins(cfg)
     task = instantiate(cfg.model)
     state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu",
@@ -133,11 +132,10 @@ def _load_task(run_dir: Path) -> torch.nn.Module:
     return task.eval()
 
 
-def _windows(run_dir: Path, task: torch.nn.Module) -> list[torch.Tensor]:
+def _windows(cfg, task: torch.nn.Module) -> list[torch.Tensor]:
     """The job's first WINDOWS fixed validation batches (inputs only)."""
     from hydra.utils import instantiate
 
-    cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
     data = instantiate(cfg.data)
     if getattr(data, "ctx", None) is None:
         data.ctx = task.net.ctx
@@ -152,7 +150,8 @@ def ln_map(run_dir: Path) -> pd.DataFrame:
     sample of those pairs (kind 'point')."""
     from normlab.norms.layernorm import LayerNorm
 
-    task = _load_task(run_dir)
+    cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")  # read once, for model and data
+    task = _load_task(run_dir, cfg)
     layers = {n: m for n, m in task.named_modules() if isinstance(m, LayerNorm)}
     seen: dict[str, list[torch.Tensor]] = {n: [] for n in layers}
     hooks = [
@@ -160,7 +159,7 @@ def ln_map(run_dir: Path) -> pd.DataFrame:
         for n, m in layers.items()
     ]
     try:
-        for x in _windows(run_dir, task):
+        for x in _windows(cfg, task):
             task(x)
     finally:
         for h in hooks:
@@ -268,10 +267,6 @@ def _paired(x: pd.Series, y: pd.Series) -> pd.DataFrame:
     return pd.concat([x, y], axis=1, keys=["x", "y"]).dropna()
 
 
-def _gpt_final(data: pd.DataFrame, a: str) -> pd.Series:
-    return final_loss(data, a)  # a diverged job counts at a uniform prediction's loss
-
-
 def ln_fits(data: pd.DataFrame) -> pd.DataFrame:
     """Per (seed, layer): depth, r2_line, r2_tanh and the unexplained-variance ratio
     u = (1 - r2_tanh) / (1 - r2_line) of the LayerNorm GPTs' LN maps."""
@@ -318,10 +313,10 @@ def _gpt_arms(data: pd.DataFrame) -> dict[str, str]:
 
 def _claims(data: pd.DataFrame) -> list[Claim]:
     claims = []
-    ln = _gpt_final(data, f"{GPT}/layernorm")
-    rms = _gpt_final(data, f"{GPT}/rmsnorm")
+    ln = final_loss(data, f"{GPT}/layernorm")
+    rms = final_loss(data, f"{GPT}/rmsnorm")
     for a, name in _gpt_arms(data).items():
-        mine = _gpt_final(data, a)
+        mine = final_loss(data, a)
         for base, base_name in ((ln, "LayerNorm"), (rms, "RMSNorm")):
             pair = _paired(mine, base)
             claims.append(Claim(
@@ -345,11 +340,11 @@ def _claims(data: pd.DataFrame) -> list[Claim]:
             (1 - FID_MARGIN, 1 + FID_MARGIN),
             log=True,
         ))  # fmt: skip
-    base = _gpt_final(data, RECIPE)
+    base = final_loss(data, RECIPE)
     for a0 in _alpha0s(data):
         if a0 == ALPHA0:
             continue
-        pair = _paired(_gpt_final(data, f"{DYT}/{a0:g}"), base)
+        pair = _paired(final_loss(data, f"{DYT}/{a0:g}"), base)
         claims.append(Claim(
             f"GPT: {RECIPE_LABEL}'s final val loss at alpha0={a0:g} is within "
             f"+-{LOSS_MARGIN:g} nats of alpha0={ALPHA0:g}'s",
@@ -419,9 +414,9 @@ def _alpha0s(data: pd.DataFrame) -> list[float]:
 def _alpha_panel(ax: plt.Axes, data: pd.DataFrame) -> None:
     order = _alpha0s(data)
     for i, a0 in enumerate(order):
-        _dots(ax, i, _gpt_final(data, f"{DYT}/{a0:g}"), "C1")
+        _dots(ax, i, final_loss(data, f"{DYT}/{a0:g}"), "C1")
     for norm, color in (("layernorm", "C0"), ("rmsnorm", "C2")):
-        base = _gpt_final(data, f"{GPT}/{norm}")
+        base = final_loss(data, f"{GPT}/{norm}")
         if len(base):
             ax.axhline(float(base.mean()), color=color, ls="--", lw=1,
                        label=f"{label(norm)} (mean)")  # fmt: skip
