@@ -31,6 +31,15 @@ TINY = [
 
 
 @pytest.fixture
+def scratch_registry(monkeypatch):
+    """The norm registry as it is, restored after the test: registrations do not leak."""
+    from normlab.norms import registry
+
+    monkeypatch.setattr(registry, "_NORMS", dict(registry._NORMS))
+    monkeypatch.setattr(registry, "_ALIASES", dict(registry._ALIASES))
+
+
+@pytest.fixture
 def compose():
     """compose(overrides, run_dir) -> a DictConfig from conf/train.yaml with hydra runtime set."""
     from hydra.core.hydra_config import HydraConfig

@@ -43,7 +43,7 @@ def test_modulate_tokens_and_channels():
 
 @pytest.mark.parametrize("name", ["layernorm", "rmsnorm", "groupnorm"])
 def test_base_norm_has_no_affine(name):
-    cfg = {"name": name, "num_groups": 2} if name == "groupnorm" else name
+    cfg = {"name": name, "num_groups": 2} if name == "groupnorm" else {"name": name}
     norm = plain_norm(cfg, D)
     assert sum(p.numel() for p in norm.parameters()) == 0
     assert norm.weight is None and norm.bias is None

@@ -348,5 +348,5 @@ def test_bad_arguments_raise(kwargs, message):
 def test_adaptive_norms_switch_its_affine_off():
     from normlab.norms.adaptive import plain_norm
 
-    base = plain_norm("batchrenorm", C)
+    base = plain_norm({"name": "batchrenorm"}, C)
     assert isinstance(base, BatchRenorm) and base.weight is None and base.bias is None

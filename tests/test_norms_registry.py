@@ -23,7 +23,6 @@ from normlab.norms import (
     norm_traits,
     norms_with,
     register_norm,
-    registry,
 )
 
 
@@ -118,13 +117,6 @@ def test_a_plain_module_gets_conservative_traits():
     traits = norm_traits(Declared)
     assert traits.tokenwise and traits.spatial and traits.affine_key == "affine"
     assert traits.channel_dims == (1,)
-
-
-@pytest.fixture
-def scratch_registry(monkeypatch):
-    """The registry as it is, restored after the test (registrations do not leak)."""
-    monkeypatch.setattr(registry, "_NORMS", dict(registry._NORMS))
-    monkeypatch.setattr(registry, "_ALIASES", dict(registry._ALIASES))
 
 
 def test_a_registered_plain_module_is_built_like_a_builtin(scratch_registry):

@@ -45,13 +45,6 @@ class SpatialOnly(nn.Module):
 
 
 @pytest.fixture
-def scratch_registry(monkeypatch):
-    """The registry as it is, restored after the test: registrations do not leak."""
-    monkeypatch.setattr(registry, "_NORMS", dict(registry._NORMS))
-    monkeypatch.setattr(registry, "_ALIASES", dict(registry._ALIASES))
-
-
-@pytest.fixture
 def my_norm(scratch_registry, monkeypatch):
     """examples/my_norm.py imported afresh (so it registers in this test's registry)."""
     monkeypatch.syspath_prepend(str(REPO))

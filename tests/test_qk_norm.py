@@ -205,9 +205,9 @@ def test_config_default_is_null_and_reaches_both_models(compose, tmp_path):
     assert isinstance(instantiate(cfg.model.net).blocks[0].attn.q_norm, LayerNorm)
 
 
-@pytest.mark.parametrize("value", ["batchnorm", "dyt", "foo", True, 1])
+@pytest.mark.parametrize("value", ["batchnorm", "groupnorm", "foo", True, 1])
 def test_bad_values_name_the_valid_ones(value):
-    message = r"model\.net\.qk_norm=.* is not a QK-norm; valid: layernorm, rmsnorm or null"
+    message = r"model\.net\.qk_norm=.* is not a QK-norm .*; valid: .*layernorm.*rmsnorm.* or null"
     with pytest.raises(NormConfigError, match=message):
         check_qk_norm(value)
     with pytest.raises(NormConfigError, match=message):
@@ -219,3 +219,18 @@ def test_bad_values_name_the_valid_ones(value):
 def test_names_are_canonicalized():
     assert check_qk_norm("LayerNorm") == check_qk_norm("ln") == "layernorm"
     assert check_qk_norm("RMS_Norm") == "rmsnorm" and check_qk_norm(None) is None
+
+
+def test_any_tokenwise_family_is_a_qk_norm_a_registered_one_too(scratch_registry):
+    from normlab.norms import register_norm
+    from normlab.norms.dyt import DyT
+
+    @register_norm("qk_test_tanh")
+    class QKTanh(DyT):  # a user's family: tokenwise by inheritance, built over head_dim
+        pass
+
+    assert check_qk_norm("DyT") == "dyt" and check_qk_norm("qk_test_tanh") == "qktesttanh"
+    model = GPT(65, {"name": "pre"}, LN, qk_norm="qk_test_tanh", **GPT_TINY)
+    q_norm = model.blocks[0].attn.sublayer.q_norm
+    assert isinstance(q_norm, QKTanh) and q_norm.weight.shape == (8,)  # head_dim
+    assert model(torch.randint(0, 65, (2, 8))).isfinite().all()

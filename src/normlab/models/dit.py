@@ -18,7 +18,7 @@ The norms come from the registry (`norm`: the composed norm config); they must a
 token over its last (feature) axis of (B, T, D): a family whose class declares `tokenwise`.
 `norm_eps` (DiT's 1e-6, as its LayerNorms) replaces the norm config's eps in every norm the
 model builds; None keeps the config's. `qk_norm`
-(layernorm | rmsnorm | None, normlab.norms.qknorm) normalizes each head's queries and keys over
+(a tokenwise norm or None, normlab.norms.qknorm) normalizes each head's queries and keys over
 head_dim in every attention (self- and cross-), with norm_eps as their eps too.
 """
 
@@ -36,7 +36,7 @@ from torch import nn
 
 from normlab.errors import ConfigError
 from normlab.norms import NormConfigError, norm_from_config, norm_keywords, norm_traits, norms_with
-from normlab.norms.adaptive import AdaLN, AdaLNZero, AdaptiveNorm, as_norm_config
+from normlab.norms.adaptive import LAYERNORM, AdaLN, AdaLNZero, AdaptiveNorm
 from normlab.norms.qknorm import check_qk_norm, create_qk_norm
 
 # ---------------------------------------------------------------------------------------------
@@ -324,7 +324,7 @@ class DiT(nn.Module):
 
     def __init__(
         self,
-        norm: Mapping[str, Any] | str | None = "layernorm",
+        norm: Mapping[str, Any] = LAYERNORM,
         conditioning: str = "adaln_zero",
         input_size: int = 28,
         in_channels: int = 1,
@@ -339,7 +339,7 @@ class DiT(nn.Module):
         qk_norm: str | None = None,
     ) -> None:
         super().__init__()
-        qk_norm = check_qk_norm(qk_norm)  # layernorm | rmsnorm | None
+        qk_norm = check_qk_norm(qk_norm)  # a tokenwise family or None
         if conditioning not in CONDITIONINGS:
             raise ConfigError(
                 f"dit: conditioning={conditioning!r} is not one of {list(CONDITIONINGS)}"
@@ -358,8 +358,8 @@ class DiT(nn.Module):
             raise ConfigError(f"dit: patch_size={p} does not divide input_size={input_size}")
         if D % num_heads:
             raise ConfigError(f"dit: num_heads={num_heads} does not divide hidden_size={D}")
-        norm = as_norm_config(norm)
-        if norm_eps is not None and "eps" in norm_keywords(norm["name"]):
+        norm = dict(norm)  # the norm config, eps replaced below
+        if norm_eps is not None and "eps" in norm_keywords(norm.get("name")):
             norm["eps"] = norm_eps  # DiT's LayerNorm eps, in every norm built below
         if not norm_traits(norm["name"]).tokenwise:
             raise NormConfigError(

@@ -143,7 +143,7 @@ class GPT(nn.Module):
         self.n_heads, self.ctx, self.dropout = n_heads, ctx, dropout
         placement_cls = placement_class(placement["name"])
         self.placement = placement_cls.name
-        self.qk_norm = check_qk_norm(qk_norm)  # layernorm | rmsnorm | None
+        self.qk_norm = check_qk_norm(qk_norm)  # a tokenwise family or None
         # what the placement reads from its config for this stack (DeepNorm: alpha and beta)
         residual_kw = placement_cls.stack_kwargs(placement, self.depth)
 

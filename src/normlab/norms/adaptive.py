@@ -26,33 +26,25 @@ fp32 and regresses its chunks in the order (scale, shift).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import torch
 from torch import nn
 
-from normlab.norms.base import NormConfigError
 from normlab.norms.registry import norm_from_config, norm_traits
 
-
-def as_norm_config(norm: str | Mapping[str, Any] | None, default: str = "layernorm") -> dict:
-    """A norm choice as a config mapping: None -> `default`, "rmsnorm" -> {"name": "rmsnorm"}."""
-    if norm is None:
-        norm = default
-    if isinstance(norm, str):
-        return {"name": norm}
-    if not isinstance(norm, Mapping) or "name" not in norm:
-        raise NormConfigError(f"a norm is a name or a mapping with a 'name' key, got {norm!r}")
-    return dict(norm)
+LAYERNORM: Mapping[str, Any] = MappingProxyType({"name": "layernorm"})  # the default base norm
 
 
 def plain_norm(
-    norm: str | Mapping[str, Any] | None, num_features: int, channel_dim: int | None = None
+    norm: Mapping[str, Any], num_features: int, channel_dim: int | None = None
 ) -> nn.Module:
-    """The registry's norm `norm` for `num_features`, its own affine parameters switched off
-    (through its family's `affine_key`; a family without one is built as configured)."""
-    cfg = as_norm_config(norm)
-    key = norm_traits(cfg["name"]).affine_key
+    """The registry's norm `norm` (a norm config) for `num_features`, its own affine parameters
+    switched off (through its family's `affine_key`; a family without one is built as
+    configured)."""
+    cfg = dict(norm)
+    key = norm_traits(cfg["name"]).affine_key if "name" in cfg else None
     if key is not None:
         cfg[key] = False
     return norm_from_config(cfg, num_features, channel_dim)
@@ -82,7 +74,7 @@ class AdaptiveNorm(nn.Module):
         self,
         num_features: int,
         cond_dim: int,
-        norm: str | Mapping[str, Any] | None = "layernorm",
+        norm: Mapping[str, Any] = LAYERNORM,
         dim: int = -1,
         activation: bool = True,
         gated: bool = False,
@@ -91,7 +83,7 @@ class AdaptiveNorm(nn.Module):
     ) -> None:
         super().__init__()
         if norm_affine:  # the base norm keeps its own affine (ADM)
-            self.norm = norm_from_config(as_norm_config(norm), num_features, dim)
+            self.norm = norm_from_config(norm, num_features, dim)
         else:  # the regressed shift/scale replace it (DiT)
             self.norm = plain_norm(norm, num_features, dim)
         self.dim = dim
@@ -147,7 +139,7 @@ class AdaLN(AdaptiveNorm):
         self,
         num_features: int,
         cond_dim: int,
-        norm: str | Mapping[str, Any] | None = "layernorm",
+        norm: Mapping[str, Any] = LAYERNORM,
         zero_init: bool = False,
     ) -> None:
         super().__init__(num_features, cond_dim, norm, dim=-1, zero_init=zero_init)
@@ -157,7 +149,7 @@ class AdaLNZero(AdaptiveNorm):
     """adaLN-Zero: AdaLN plus a residual gate; zero-init regression: a block starts as identity."""
 
     def __init__(
-        self, num_features: int, cond_dim: int, norm: str | Mapping[str, Any] | None = "layernorm"
+        self, num_features: int, cond_dim: int, norm: Mapping[str, Any] = LAYERNORM
     ) -> None:
         super().__init__(num_features, cond_dim, norm, dim=-1, gated=True, zero_init=True)
 
@@ -166,7 +158,7 @@ class FiLM(AdaptiveNorm):
     """FiLM: gamma(z) * x + beta(z) with linear gamma, beta; gamma = 1 + dgamma as in the paper."""
 
     def __init__(self, num_features: int, cond_dim: int, dim: int = 1) -> None:
-        super().__init__(num_features, cond_dim, "none", dim=dim, activation=False)
+        super().__init__(num_features, cond_dim, {"name": "none"}, dim=dim, activation=False)
 
 
 class ScaleShiftNorm(AdaptiveNorm):

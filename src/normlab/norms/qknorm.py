@@ -6,7 +6,9 @@
 (Dehghani et al. 2023, ViT-22B; Wortsman et al. 2023; with an L2 norm, Henry et al. 2020): the
 attention logits stay bounded however large the q and k projections grow. One norm for all the
 queries and one for all the keys of a layer, each with its own affine of size head_dim shared by
-the heads, as in ViT-22B and timm. The norms come from the registry (layernorm or rmsnorm).
+the heads, as in ViT-22B and timm. The norms come from the registry: any family that normalizes
+each vector over its own features (the `tokenwise` trait: layernorm, rmsnorm, a user's), since
+a head's queries at one position must not see other positions or samples.
 """
 
 from __future__ import annotations
@@ -16,9 +18,7 @@ from typing import Any
 from torch import nn
 
 from normlab.norms.base import NormConfigError
-from normlab.norms.registry import canonical_name, create_norm
-
-QK_NORMS = ("layernorm", "rmsnorm")
+from normlab.norms.registry import canonical_name, create_norm, norm_traits, norms_with
 
 
 def check_qk_norm(name: object, key: str = "model.net.qk_norm") -> str | None:
@@ -32,15 +32,18 @@ def check_qk_norm(name: object, key: str = "model.net.qk_norm") -> str | None:
             family = canonical_name(name)
         except NormConfigError:
             family = None
-    if family not in QK_NORMS:
+    if family is None or not norm_traits(family).tokenwise:
         raise NormConfigError(
-            f"{key}={name!r} is not a QK-norm; valid: {', '.join(QK_NORMS)} or null (none)"
+            f"{key}={name!r} is not a QK-norm (one normalizing each head vector over its own "
+            f"features); valid: {', '.join(norms_with('tokenwise'))} or null (none)"
         )
     return family
 
 
 def create_qk_norm(name: str | None, head_dim: int, **kwargs: Any) -> nn.Module:
     """The norm of queries or keys (B, H, T, head_dim) over head_dim: create_norm(name,
-    head_dim, **kwargs) for a name in QK_NORMS, nn.Identity() (no parameters) for None."""
+    head_dim, **kwargs) for a tokenwise family, nn.Identity() (no parameters) for None."""
     family = check_qk_norm(name)
-    return nn.Identity() if family is None else create_norm(family, head_dim, **kwargs)
+    if family is None:
+        return nn.Identity()
+    return create_norm(family, head_dim, channel_dim=-1, **kwargs)  # features last

@@ -20,11 +20,10 @@ def lr_lambda(
 
     `total_steps` is asked for only once the cosine decay needs it (after the first step), so
     the trainer's estimate is not requested while a checkpoint is still being restored.
+    `warmup_steps` >= 0 is checked with the rest of the config (normlab.config.validate).
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"optim.schedule={schedule!r} is not one of {list(SCHEDULES)}")
-    if warmup_steps < 0:
-        raise ValueError(f"optim.warmup_steps must be >= 0, got {warmup_steps}")
 
     def factor(step: int) -> float:
         if step < warmup_steps:
