@@ -130,11 +130,11 @@ ONE_LINE = [
     ("transformer depth null", ["model=transformer", "model.net.depth=null"],
      r"error: .*model\.net\.depth must be a positive integer, got None"),
     ("GPT QK-norm that is not one", ["model=transformer", "model.net.qk_norm=batchnorm"],
-     r"error: model\.net\.qk_norm='batchnorm' is not a QK-norm; valid: layernorm, rmsnorm or "
-     r"null \(none\)"),
+     r"error: model\.net\.qk_norm='batchnorm' is not a QK-norm \(one normalizing each head vector "
+     r"over its own features\); valid: dyt, layernorm, none, prmsnorm, rmsnorm or null \(none\)"),
     ("DiT QK-norm that is not one", ["experiment=dit", "model.net.qk_norm=ln2"],
-     r"error: model\.net\.qk_norm='ln2' is not a QK-norm; valid: layernorm, rmsnorm or "
-     r"null \(none\)"),
+     r"error: model\.net\.qk_norm='ln2' is not a QK-norm \(one normalizing each head vector "
+     r"over its own features\); valid: dyt, layernorm, none, prmsnorm, rmsnorm or null \(none\)"),
 ]  # fmt: skip
 
 
