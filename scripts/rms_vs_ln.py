@@ -1,6 +1,7 @@
 """RMSNorm's fast path against LayerNorm's, forward + backward, timed in interleaved pairs.
 
     python scripts/rms_vs_ln.py [--threads 1 2] [--pairs 31] [--shape 64 256 512] [--keep-heap]
+                                [--out outputs/bench/rms_vs_ln.md]
 
 For each thread count: normlab's fast RMSNorm (the fused kernel) and torch's LayerNorm (what
 normlab's fast LayerNorm calls) run forward + backward in turn, in a random order per pair, the
@@ -12,9 +13,11 @@ a preallocated tensor (read + write, no page faults) and `src.clone()` (a fresh 
 layer's output is). Prints one markdown table per measure.
 
 Both layers allocate two full-size tensors per call (y, dx), and in a default glibc process each
-starts on fresh pages (see bench.py --keep-heap): their page faults cost both layers alike and
-often more than the arithmetic. --keep-heap keeps freed memory in the process (no page faults),
-which shows the kernels' own difference.
+starts on fresh pages (see bench.py --keep-heap), whose page faults often cost more than the
+arithmetic. The fused kernel advises its outputs as transparent huge pages (a fault per 2 MiB);
+torch's LayerNorm takes 4 KiB pages unless THP_MEM_ALLOC_ENABLE=1 gives torch's allocator huge
+pages too. --keep-heap keeps freed memory in the process (no page faults at all), and
+THP_MEM_ALLOC_ENABLE=1 makes the faults cheap for both: each shows the kernels' own difference.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ import argparse
 import os
 import random
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -143,22 +148,32 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=31)
     parser.add_argument("--shape", type=int, nargs="+", default=[64, 256, 512])
     parser.add_argument("--keep-heap", action="store_true", help="glibc: reuse freed memory")
+    parser.add_argument("--out", type=Path, help="also write what it prints to this .md file")
     args = parser.parse_args()
     if args.keep_heap:
         from normlab.compute import keep_heap
 
         keep_heap()
     shape = tuple(args.shape)
-    print(f"fused kernel: {_fused_rms.available()}, torch {torch.__version__}, shape {shape}, "
-          f"load average {os.getloadavg()[0]:.2f}, heap {'kept' if args.keep_heap else 'default'}, "
-          f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE')}")  # fmt: skip
-    rows = [r for t in args.threads for r in measure(shape, args.pairs, t)]
-    print("\nRMSNorm fast / LayerNorm fast, forward + backward, per-pair ratio\n")
-    print(_table(rows))
-    rows = [r for t in args.threads for r in traffic(shape, args.pairs, t)]
-    print("\nMemory traffic: bytes a call must move / median time, vs copy_\n")
-    print(_table(rows))
-    print(f"\nload average at the end {os.getloadavg()[0]:.2f}")
+    lines = [
+        f"`python scripts/rms_vs_ln.py {' '.join(sys.argv[1:])}`",
+        f"fused kernel: {_fused_rms.available()}, torch {torch.__version__}, shape {shape}, "
+        f"load average {os.getloadavg()[0]:.2f}, heap {'kept' if args.keep_heap else 'default'}, "
+        f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE')}",
+    ]
+    print("\n".join(lines))
+    for title, measure_fn in (
+        ("RMSNorm fast / LayerNorm fast, forward + backward, per-pair ratio", measure),
+        ("Memory traffic: bytes a call must move / median time, vs copy_", traffic),
+    ):
+        rows = [r for t in args.threads for r in measure_fn(shape, args.pairs, t)]
+        lines += ["", f"{title}:", "", _table(rows)]
+        print("\n".join(lines[-4:]), flush=True)
+    lines += ["", f"load average at the end {os.getloadavg()[0]:.2f}"]
+    print(lines[-1])
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +14,7 @@ import torch.nn.functional as F
 from normlab.norms import _fused_rms, create_norm
 from normlab.norms._fused_rms import FusedRMSNormFunction
 
+REPO = Path(__file__).resolve().parents[1]
 CAN_BUILD = shutil.which("ninja") is not None and shutil.which("c++") is not None
 
 
@@ -109,3 +113,55 @@ def test_sum_backward_reads_the_expanded_gradient_in_place():
     norm(x).sum().backward()
     F.rms_norm(x_ref, (64,), norm.weight.detach(), 1e-6).sum().backward()
     torch.testing.assert_close(x.grad, x_ref.grad)
+
+
+def _vm_flags(address: int) -> list[str]:
+    """The VmFlags of this process's mapping holding `address` (Linux /proc/self/smaps)."""
+    flags, inside = [], False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(a, 16) for a in head.split("-"))
+                inside = lo <= address < hi
+            elif inside and head == "VmFlags:":
+                flags = line.split()[1:]
+    return flags
+
+
+def test_large_outputs_are_advised_as_huge_pages_and_still_equal_torch():
+    needs_kernel()
+    mode = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not mode.is_file() or "[never]" in mode.read_text():
+        pytest.skip("no transparent huge pages on this machine")
+    torch.manual_seed(0)
+    x = torch.randn(2048, 1024, requires_grad=True)  # 8 MiB outputs: a 2 MiB-aligned interior
+    norm = create_norm("rmsnorm", 1024, eps=1e-6)
+    y = norm(x)
+    middle = y.data_ptr() + y.nbytes // 2
+    assert "hg" in _vm_flags(middle)  # MADV_HUGEPAGE on the output's mapping
+    dy = torch.randn_like(y)
+    (dx,) = torch.autograd.grad(y, x, dy)
+    assert "hg" in _vm_flags(dx.data_ptr() + dx.nbytes // 2)
+    x_ref = x.detach().clone().requires_grad_()
+    y_ref = F.rms_norm(x_ref, (1024,), norm.weight.detach(), 1e-6)
+    (dx_ref,) = torch.autograd.grad(y_ref, x_ref, dy)
+    torch.testing.assert_close(y, y_ref)
+    torch.testing.assert_close(dx, dx_ref)
+
+
+def test_rms_vs_ln_script_writes_its_tables(tmp_path):
+    needs_kernel()
+    out = tmp_path / "rms_vs_ln.md"
+    args = ["--threads", "1", "--pairs", "3", "--shape", "4", "8", "64", "--out", str(out)]
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "rms_vs_ln.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    text = out.read_text()
+    assert text.startswith("`python scripts/rms_vs_ln.py --threads 1 --pairs 3")
+    assert "| 1 | dense |" in text and "| 1 | RMSNorm bwd (fused) |" in text
+    assert "load average at the end" in text and text.splitlines()[1] in done.stdout

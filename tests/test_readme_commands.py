@@ -117,7 +117,23 @@ def shrunk(command: str, tmp: Path) -> list[str]:
     if "--readme" in argv or "--redraw" in argv:  # they read the committed results under --root
         return [*argv, "--root", str(tmp)]
     extra = [a.format(tmp=tmp) for a in SCRIPT_SHRINK[script]]
+    if script == "reproduce.py":
+        argv = reproduce_args(argv)
     return argv + [a for a in extra if a not in argv or not a.startswith("--")]
+
+
+def reproduce_args(argv: list[str]) -> list[str]:
+    """A reproduction's run, shrunk beyond --quick: at most 2 seeds, and its first grid only
+    when it names none (tests/test_reproduce.py runs every reproduction's grids whole)."""
+    from normlab.analysis.reproductions import REPRODUCTIONS
+
+    argv = list(argv)
+    if "--seeds" in argv:
+        argv[argv.index("--seeds") + 1] = "2"
+    name = argv[2]
+    if "--grids" not in argv and name in REPRODUCTIONS:
+        argv += ["--grids", REPRODUCTIONS[name].grids[0].name]
+    return argv
 
 
 def train_args(args: list[str], tmp: Path) -> list[str]:

@@ -113,6 +113,7 @@ REPRODUCTIONS: dict[str, Reproduction] = {
                     "trainer.limit_train_batches=0.02",
                     "trainer.limit_val_batches=1",
                     "trainer.limit_test_batches=2",
+                    "callbacks.precise_bn.num_batches=4",  # the precise arm's statistics
                 ),
                 "4 norms x per-device 32, 2 + BN fixed at 2, per seed: 9 jobs of 1.1k images",
             ),

@@ -56,7 +56,12 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("part", nargs="?", default="all", choices=["norms", "train", "all"])
-    parser.add_argument("--rounds", type=int, default=None, help="repeats (norms 15, train 5)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="repeats (norms 15, train 5); fewer norms rounds shorten a case's 3 s minimum alike",
+    )
     cases = [*train.TRAIN_CASES, *train.END_TO_END]
     parser.add_argument("--train-cases", nargs="*", default=None, choices=cases)
     parser.add_argument(
@@ -103,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
         (out / f"{part}.md").write_text(f"# {title}\n\n`{command}`: {setting}\n\n{table}\n")
 
     if args.part in ("norms", "all"):
-        report("norms", norms.TITLE, norms.bench(args.rounds or 15), norms.COLUMNS)
+        report("norms", norms.TITLE, norms.bench(args.rounds or norms.ROUNDS), norms.COLUMNS)
     if args.part in ("train", "all"):
         rows = train.bench(args.rounds or 5, args.train_cases)
         report("train", train.TITLE, rows, train.COLUMNS)

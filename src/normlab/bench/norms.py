@@ -22,7 +22,9 @@ CNN = (256, 16, 14, 14)
 SEQ = (64, 256, 512)
 FAST_TARGET = 1.05  # manual and reference impls: reported, no target
 RMS_VS_LN_TARGET = 0.93  # fast RMSNorm / torch LayerNorm: the RMSNorm paper's smallest gain
-MIN_TOTAL_S = 3.0  # seconds of calls of each case's slowest layer (more rounds for short calls)
+ROUNDS = 15  # the default rounds of a case
+MIN_TOTAL_S = 3.0  # at ROUNDS: seconds of calls of each case's slowest layer (more rounds for
+# short calls); fewer rounds asked for scale it down alike (--rounds 1: a smoke run)
 COLUMNS = ["device", "dtype", "shape", "norm", "layer", "ms", "time_ratio", "act_MiB",
            "mem_ratio", "target", "ok", "note"]  # fmt: skip
 TITLE = "Norms: forward + backward, ratio to the first torch layer of each group"
@@ -126,7 +128,7 @@ def _norm_rows(case: NormCase, device: str, dtype: torch.dtype, rounds: int) -> 
         warmup=2,
         device=device,
         min_sample_s=5e-4,  # one call per sample unless calls take microseconds
-        min_total_s=MIN_TOTAL_S,
+        min_total_s=MIN_TOTAL_S * min(rounds, ROUNDS) / ROUNDS,
     )
     memory = {k: activation_bytes(m, x) for k, m in layers.items()}
     base = next(iter(case.baselines))

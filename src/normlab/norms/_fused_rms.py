@@ -1,6 +1,7 @@
 """RMSNorm's fused CPU kernel (_fused_rms.cpp): each row read from memory once and written once,
 forward and backward (one reduction per row each way); an expanded upstream gradient (as
-`.sum().backward()` gives) is read in place, not copied.
+`.sum().backward()` gives) is read in place, not copied; fresh outputs of 4 MiB or more are
+advised to Linux as transparent huge pages (one page fault per 2 MiB, not per 4 KiB).
 
 The C++ source is compiled on first use into torch's extension cache
 (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions; needs a C++ compiler and ninja) and
