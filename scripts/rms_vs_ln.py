@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from normlab.norms import _fused_rms, create_norm
+from normlab.tables import markdown_table
 
 
 def _time(fn, number: int) -> float:
@@ -136,10 +137,10 @@ def traffic(shape: tuple[int, ...], reps: int, threads: int) -> list[dict]:
 
 
 def _table(rows: list[dict]) -> str:
+    """rows as a markdown table, floats to 3 decimals (normlab.tables.markdown_table)."""
     cols = list(rows[0])
-    fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)  # noqa: E731
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    return "\n".join(lines + ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in rows])
+    fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else v  # noqa: E731
+    return markdown_table(cols, ([fmt(r[c]) for c in cols] for r in rows))
 
 
 def main() -> None:
@@ -155,22 +156,25 @@ def main() -> None:
 
         keep_heap()
     shape = tuple(args.shape)
-    lines = [
+    lines: list[str] = []
+
+    def say(*new: str) -> None:  # print, and keep for --out
+        lines.extend(new)
+        print("\n".join(new), flush=True)
+
+    say(
         f"`python scripts/rms_vs_ln.py {' '.join(sys.argv[1:])}`",
         f"fused kernel: {_fused_rms.available()}, torch {torch.__version__}, shape {shape}, "
         f"load average {os.getloadavg()[0]:.2f}, heap {'kept' if args.keep_heap else 'default'}, "
         f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE')}",
-    ]
-    print("\n".join(lines))
+    )
     for title, measure_fn in (
         ("RMSNorm fast / LayerNorm fast, forward + backward, per-pair ratio", measure),
         ("Memory traffic: bytes a call must move / median time, vs copy_", traffic),
     ):
         rows = [r for t in args.threads for r in measure_fn(shape, args.pairs, t)]
-        lines += ["", f"{title}:", "", _table(rows)]
-        print("\n".join(lines[-4:]), flush=True)
-    lines += ["", f"load average at the end {os.getloadavg()[0]:.2f}"]
-    print(lines[-1])
+        say("", f"{title}:", "", _table(rows))
+    say("", f"load average at the end {os.getloadavg()[0]:.2f}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text("\n".join(lines) + "\n")

@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> None:
         "--rounds",
         type=int,
         default=None,
-        help="repeats (norms 15, train 5); fewer norms rounds shorten a case's 3 s minimum alike",
+        help=f"repeats (norms {norms.ROUNDS}, train {train.ROUNDS}); fewer norms rounds also "
+        "shorten each case's minimum time",
     )
     cases = [*train.TRAIN_CASES, *train.END_TO_END]
     parser.add_argument("--train-cases", nargs="*", default=None, choices=cases)
@@ -110,6 +111,6 @@ def main(argv: list[str] | None = None) -> None:
     if args.part in ("norms", "all"):
         report("norms", norms.TITLE, norms.bench(args.rounds or norms.ROUNDS), norms.COLUMNS)
     if args.part in ("train", "all"):
-        rows = train.bench(args.rounds or 5, args.train_cases)
+        rows = train.bench(args.rounds or train.ROUNDS, args.train_cases)
         report("train", train.TITLE, rows, train.COLUMNS)
     print(f"\nCSV and markdown in {out}")

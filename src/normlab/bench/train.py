@@ -31,6 +31,7 @@ from normlab.bench.timing import PairedSteps, StepTimer, median_ms
 
 REPO = Path(__file__).resolve().parents[3]
 TRAIN_TARGET, END_TO_END_TARGET = 1.05, 1.15
+ROUNDS = 5  # the default rounds of each case
 COLUMNS = ["case", "measure", "steps", "hand_s", "normlab_s", "ratio", "per_run", "target",
            "ok", "mean_loss_hand", "mean_loss_normlab", "note"]  # fmt: skip
 TITLE = "Training: normlab.run vs a hand-written loop"
