@@ -1,4 +1,5 @@
-"""Image classification: cross-entropy, accuracy with torchmetrics."""
+"""Image classification: cross-entropy, and the epoch's mean loss and accuracy (a torchmetrics
+Metric, so that they are synced over processes and survive a mid-epoch checkpoint)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,37 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchmetrics import MeanMetric
-from torchmetrics.classification import MulticlassAccuracy
+from torchmetrics import Metric
 
 from normlab.tasks.base import Task
+
+
+class EpochTotals(Metric):
+    """An epoch's mean batch loss and its accuracy over samples, from four summed counts.
+
+    What torchmetrics' MeanMetric (of each batch's loss) and micro MulticlassAccuracy give, in
+    one update of four in-place adds: theirs validate, format and count every class statistic,
+    about 70 us a step on this CPU against 30 us, over 1% of a LeNet step (normlab.bench).
+    """
+
+    full_state_update = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_state("loss_sum", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+        for name in ("batches", "correct", "seen"):
+            self.add_state(name, torch.zeros((), dtype=torch.int64), dist_reduce_fx="sum")
+
+    def update(self, loss: torch.Tensor, logits: torch.Tensor, target: torch.Tensor) -> None:
+        self.loss_sum += loss
+        self.batches += 1
+        self.correct += (logits.argmax(-1) == target).sum()
+        self.seen += target.numel()
+
+    def compute(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean batch loss, accuracy), float32; NaN where no batch or sample was seen."""
+        loss = self.loss_sum / self.batches
+        return loss.float(), (self.correct / self.seen).float()
 
 
 class ClassificationTask(Task):
@@ -23,17 +51,11 @@ class ClassificationTask(Task):
 
     def __init__(self, net: nn.Module, optim: Mapping[str, Any], num_classes: int = 10):
         super().__init__(net, optim)
-        splits = ("fit", "val", "test")
+        self.num_classes = num_classes
         # no per-update input checks: labels come from the data module, logits from the net,
         # and a NaN loss is the divergence guard's to catch (its epoch mean is then NaN too)
-        self.accuracy = nn.ModuleDict(
-            {
-                s: MulticlassAccuracy(num_classes, average="micro", validate_args=False)
-                for s in splits
-            }
-        )
-        self.mean_loss = nn.ModuleDict({s: MeanMetric(nan_strategy="disable") for s in splits})
-        for metric in [*self.accuracy.values(), *self.mean_loss.values()]:
+        self.totals = nn.ModuleDict({s: EpochTotals() for s in ("fit", "val", "test")})
+        for metric in self.totals.values():
             metric.persistent(True)  # epoch aggregates survive a mid-epoch checkpoint
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -49,16 +71,15 @@ class ClassificationTask(Task):
         # update only: the epoch values are computed once per epoch, in _log_epoch (a metric's
         # forward also computes a per-batch value, and self.log of a Metric object moves its
         # whole state on every call: together most of the per-step overhead of a small model)
-        self.accuracy[split].update(logits.detach(), y)
-        self.mean_loss[split].update(loss.detach())
+        self.totals[split].update(loss.detach(), logits.detach(), y)
         if split == "fit":
             self.log_step("train/loss_step", loss)
         return loss
 
     def _log_epoch(self, split: str) -> None:
         """Log the epoch's mean loss and accuracy of `split` (synced over processes) and reset."""
-        acc, mean_loss = self.accuracy[split], self.mean_loss[split]
-        if not mean_loss.weight:  # no batches this epoch (the state, unlike update_called,
+        totals = self.totals[split]
+        if not totals.batches:  # no batches this epoch (the state, unlike update_called,
             return  # survives a checkpoint taken at the epoch's end, after validation)
         name = "train" if split == "fit" else split
         # compute() has gathered the states of all processes already, so every rank holds the
@@ -66,11 +87,10 @@ class ClassificationTask(Task):
         key = "train/loss_epoch" if split == "fit" else f"{name}/loss"
         with warnings.catch_warnings():  # states loaded from a checkpoint, no update() since
             warnings.filterwarnings("ignore", "The ``compute`` method", UserWarning)
-            loss, accuracy = mean_loss.compute(), acc.compute()
+            loss, accuracy = totals.compute()
         self.log(key, loss, sync_dist=True)
         self.log(f"{name}/acc", accuracy, prog_bar=True, sync_dist=True)
-        acc.reset()
-        mean_loss.reset()
+        totals.reset()
 
     def training_step(self, batch, batch_idx):
         return self._step(batch, "fit")
