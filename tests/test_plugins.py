@@ -3,6 +3,7 @@ built by every model like a built-in; the failures a user meets name the layer o
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 from conftest import REPO, TINY
 from test_train import metrics_rows, run_cli
+from timm.layers import RmsNorm
 from torch import nn
 
 from normlab import config
@@ -183,3 +185,40 @@ def test_train_py_runs_the_example_through_plugins(tmp_path):
     logged = [r for r in rows if r.get("norm/net.features.norm1/out_std")]
     assert logged and all(float(r["norm/net.classifier.norm4/out_std"]) > 0 for r in logged)
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
+
+
+# ----- a callable width -> nn.Module as the norm spec, registered nowhere -----------------------
+
+
+def test_a_callable_is_a_norm_spec_of_every_model():
+    torch.manual_seed(0)
+    group_norm = functools.partial(nn.GroupNorm, 2)  # channels at dim 1: LeNet's layout
+    net = LeNet(group_norm)
+    layers = [net.features.norm1, net.features.norm2, net.classifier.norm3, net.classifier.norm4]
+    assert [(type(m), m.num_channels) for m in layers] == [
+        (nn.GroupNorm, w) for w in (6, 16, 120, 84)
+    ]
+    backward(net(torch.randn(4, 1, 28, 28)), net)
+    gpt = GPT(65, {"name": "pre"}, RmsNorm, depth=2, d_model=16, n_heads=2, ctx=8)
+    assert sum(type(m) is RmsNorm for m in gpt.modules()) == 5  # two a block, the final norm
+    backward(gpt(torch.randint(0, 65, (2, 8))), gpt)
+    lstm = LSTMLM(65, lambda d: RmsNorm(d, eps=1e-5), hidden_size=8, ctx=6)
+    assert type(lstm.layers[0].norm_c) is RmsNorm and lstm.layers[0].norm_c.eps == 1e-5
+    backward(lstm(torch.randint(0, 65, (2, 6))), lstm)
+    dit = DiT(RmsNorm, conditioning="adaln_zero", hidden_size=16, depth=2, num_heads=2)
+    assert isinstance(dit.blocks[0].norm1, AdaLNZero)
+    assert type(dit.blocks[0].norm1.norm) is RmsNorm  # no affine key known: built as it is
+    x, t, y = torch.randn(2, 1, 28, 28), torch.tensor([3, 500]), torch.tensor([1, 7])
+    backward(dit(x, t, y), dit)
+
+
+def test_a_callable_spec_is_checked_by_the_traits_it_declares_and_must_give_a_module():
+    class PerBatch(nn.BatchNorm1d):  # declares that it does not act on each token alone
+        tokenwise = False
+
+    with pytest.raises(NormConfigError, match="norm=.*PerBatch cannot sit in placement=pre"):
+        GPT(65, {"name": "pre"}, PerBatch, depth=1, d_model=8, n_heads=2, ctx=4)
+    with pytest.raises(
+        ConfigError, match=r"^features\.norm1 \(6 features\): norm .*<lambda>\(6\) gave 3$"
+    ):
+        LeNet(lambda width: 3)

@@ -35,7 +35,15 @@ from timm.layers import Attention, Mlp, PatchEmbed
 from torch import nn
 
 from normlab.errors import ConfigError
-from normlab.norms import NormConfigError, norm_from_config, norm_keywords, norm_traits, norms_with
+from normlab.norms import (
+    NormConfigError,
+    NormSpec,
+    norm_from_config,
+    norm_keywords,
+    norms_with,
+    spec_name,
+    spec_traits,
+)
 from normlab.norms.adaptive import LAYERNORM, AdaLN, AdaLNZero, AdaptiveNorm
 from normlab.norms.qknorm import check_qk_norm, create_qk_norm
 
@@ -148,11 +156,11 @@ class Conditioning:
     name: ClassVar[str]
     cross_attention: ClassVar[bool] = False  # a cross-attention sub-layer in each block reads ctx
 
-    def branch_norm(self, norm: Mapping[str, Any], dim: int) -> TokenNorm:
+    def branch_norm(self, norm: NormSpec, dim: int) -> TokenNorm:
         """The norm before a block's residual branch (attention, MLP)."""
         return norm_from_config(norm, dim, channel_dim=-1)
 
-    def final_norm(self, norm: Mapping[str, Any], dim: int) -> TokenNorm:
+    def final_norm(self, norm: NormSpec, dim: int) -> TokenNorm:
         """The norm before the final linear."""
         return norm_from_config(norm, dim, channel_dim=-1)
 
@@ -180,10 +188,10 @@ class AdaLNZeroConditioning(Conditioning):
 
     name = "adaln_zero"
 
-    def branch_norm(self, norm: Mapping[str, Any], dim: int) -> TokenNorm:
+    def branch_norm(self, norm: NormSpec, dim: int) -> TokenNorm:
         return AdaLNZero(dim, dim, norm)
 
-    def final_norm(self, norm: Mapping[str, Any], dim: int) -> TokenNorm:
+    def final_norm(self, norm: NormSpec, dim: int) -> TokenNorm:
         return AdaLN(dim, dim, norm, zero_init=True)
 
     def normalize(
@@ -203,10 +211,10 @@ class AdaLNConditioning(AdaLNZeroConditioning):
 
     name = "adaln"
 
-    def branch_norm(self, norm: Mapping[str, Any], dim: int) -> TokenNorm:
+    def branch_norm(self, norm: NormSpec, dim: int) -> TokenNorm:
         return AdaLN(dim, dim, norm)
 
-    def final_norm(self, norm: Mapping[str, Any], dim: int) -> TokenNorm:
+    def final_norm(self, norm: NormSpec, dim: int) -> TokenNorm:
         return AdaLN(dim, dim, norm, zero_init=False)
 
 
@@ -256,7 +264,7 @@ class DiTBlock(nn.Module):
         num_heads: int,
         mlp_ratio: float,
         conditioning: Conditioning,
-        norm: Mapping[str, Any],
+        norm: NormSpec,
         qk_norm: str | None = None,
         qk_norm_kw: Mapping[str, Any] | None = None,
     ) -> None:
@@ -297,7 +305,7 @@ class FinalLayer(nn.Module):
     """Norm (adaptive for the adaLN variants, no gate) then Linear to p*p*C values per token."""
 
     def __init__(
-        self, hidden_size: int, out_dim: int, conditioning: Conditioning, norm: Mapping[str, Any]
+        self, hidden_size: int, out_dim: int, conditioning: Conditioning, norm: NormSpec
     ) -> None:
         super().__init__()
         self.cond = conditioning
@@ -324,7 +332,7 @@ class DiT(nn.Module):
 
     def __init__(
         self,
-        norm: Mapping[str, Any] = LAYERNORM,
+        norm: NormSpec = LAYERNORM,
         conditioning: str = "adaln_zero",
         input_size: int = 28,
         in_channels: int = 1,
@@ -358,12 +366,14 @@ class DiT(nn.Module):
             raise ConfigError(f"dit: patch_size={p} does not divide input_size={input_size}")
         if D % num_heads:
             raise ConfigError(f"dit: num_heads={num_heads} does not divide hidden_size={D}")
-        norm = dict(norm)  # the norm config, eps replaced below
-        if norm_eps is not None and "eps" in norm_keywords(norm.get("name")):
-            norm["eps"] = norm_eps  # DiT's LayerNorm eps, in every norm built below
-        if not norm_traits(norm["name"]).tokenwise:
+        if isinstance(norm, Mapping):  # a config: eps replaced below (a callable sets its own)
+            norm = dict(norm)
+            if norm_eps is not None and "eps" in norm_keywords(norm.get("name")):
+                norm["eps"] = norm_eps  # DiT's LayerNorm eps, in every norm built below
+        traits = spec_traits(norm)
+        if traits is not None and not traits.tokenwise:
             raise NormConfigError(
-                f"dit: norm={norm['name']!r} does not normalise the feature axis of (B, T, D) "
+                f"dit: norm={spec_name(norm)!r} does not normalise the feature axis of (B, T, D) "
                 f"tokens; choose one of {norms_with('tokenwise')}"
             )
         self.conditioning = conditioning

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from torch import nn
 
 from normlab.errors import ConfigError
-from normlab.norms import norm_from_config, norm_traits, norms_with
+from normlab.norms import NormSpec, norm_from_config, norms_with, spec_name, spec_traits
 
 ACTIVATIONS = {"sigmoid": nn.Sigmoid, "relu": nn.ReLU}
 # 2x2 stride-2 pooling after each conv: avg as d2l's LeNet (LeNet-5's subsampling), the default;
@@ -18,15 +17,15 @@ POOLS = {"avg": nn.AvgPool2d, "max": nn.MaxPool2d}
 NONE = {"name": "none"}
 
 
-def norm_for_layer(spec: Mapping[str, Any], features: int, layer: str, fc: bool) -> nn.Module:
+def norm_for_layer(spec: NormSpec, features: int, layer: str, fc: bool) -> nn.Module:
     """The configured norm after a conv layer (features (N, C, H, W)) or an fc layer ((N, C)), or
     a ConfigError naming the layer: one that needs spatial extent has none after an fc layer."""
     try:
-        name = spec.get("name")
-        if fc and name is not None and norm_traits(name).spatial:
+        traits = spec_traits(spec)
+        if fc and traits is not None and traits.spatial:
             raise ConfigError(
-                f"norm={name} needs spatial extent and an fc layer's (N, {features}) output has "
-                f"no spatial extent; use {', '.join(norms_with('spatial', False))}"
+                f"norm={spec_name(spec)} needs spatial extent and an fc layer's (N, {features}) "
+                f"output has no spatial extent; use {', '.join(norms_with('spatial', False))}"
             )
         # an fc layer's features are at dim 1 and at dim -1: a norm of either layout fits
         return norm_from_config(spec, features, channel_dim=(1, -1) if fc else 1)
@@ -52,8 +51,8 @@ class LeNet(nn.Module):
 
     def __init__(
         self,
-        norm: Mapping[str, Any],
-        fc_norm: Mapping[str, Any] | str = "auto",
+        norm: NormSpec,
+        fc_norm: NormSpec | str = "auto",
         activation: str = "sigmoid",
         num_classes: int = 10,
         channels: Sequence[int] = (6, 16),
@@ -77,7 +76,8 @@ class LeNet(nn.Module):
         if pool not in POOLS:
             raise ConfigError(f"model.net.pool={pool!r}: choose one of {list(POOLS)}")
         if fc_norm == "auto":
-            fc_norm = NONE if norm_traits(norm["name"]).spatial else norm
+            traits = spec_traits(norm)
+            fc_norm = NONE if traits is not None and traits.spatial else norm
         elif isinstance(fc_norm, str):
             fc_norm = {"name": fc_norm}
         act = ACTIVATIONS[activation]

@@ -19,23 +19,28 @@ steps. They are refused when the model is built, naming the layer and the valid 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from normlab.errors import ConfigError
-from normlab.norms import NormConfigError, norm_from_config, norm_traits, norms_with
+from normlab.norms import (
+    NormConfigError,
+    NormSpec,
+    norm_from_config,
+    norms_with,
+    spec_name,
+    spec_traits,
+)
 
 State = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (B, hidden)
 
 
-def lstm_norm(cfg: Mapping[str, Any], features: int, layer: str) -> nn.Module:
+def lstm_norm(cfg: NormSpec, features: int, layer: str) -> nn.Module:
     """The configured norm over `features` per sample, or NormConfigError naming `layer`."""
-    name = cfg.get("name")  # a config without one fails in norm_from_config, naming it
-    if name is not None and not norm_traits(name).tokenwise:
+    traits, name = spec_traits(cfg), spec_name(cfg)
+    if traits is not None and not traits.tokenwise:
         raise NormConfigError(
             f"norm={name} cannot be used in model=lstm (layer {layer}, {features} features): "
             "an LSTM normalizes each sample's own features at every time step (Ba et al. 2016) "
@@ -52,7 +57,7 @@ class LSTMLayer(nn.Module):
     """One LSTM layer over (B, T, input_size) with the norms of the LN-LSTM."""
 
     def __init__(
-        self, input_size: int, hidden_size: int, norm: Mapping[str, Any], name: str = "layer"
+        self, input_size: int, hidden_size: int, norm: NormSpec, name: str = "layer"
     ) -> None:
         super().__init__()
         H = self.hidden_size = hidden_size
@@ -118,7 +123,7 @@ class LSTMLM(nn.Module):
     def __init__(
         self,
         vocab_size: int,
-        norm: Mapping[str, Any],
+        norm: NormSpec,
         hidden_size: int = 256,
         num_layers: int = 1,
         emb_dim: int | None = None,

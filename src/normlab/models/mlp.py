@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from torch import nn
 
 from normlab.errors import ConfigError
 from normlab.models.lenet import ACTIVATIONS, norm_for_layer
+from normlab.norms import NormSpec
 
 
 class MLP(nn.Module):
@@ -25,7 +25,7 @@ class MLP(nn.Module):
 
     def __init__(
         self,
-        norm: Mapping[str, Any],
+        norm: NormSpec,
         hidden: Sequence[int] = (100, 100, 100),
         activation: str = "sigmoid",
         num_classes: int = 10,

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from normlab.errors import ConfigError
+from normlab.norms import NormSpec
 from normlab.norms.qknorm import check_qk_norm, create_qk_norm
 from normlab.norms.residual import create_residual, placement_class, tokenwise_norm
 
@@ -83,7 +84,7 @@ class Block(nn.Module):
         n_heads: int,
         dropout: float,
         placement: str,
-        norm: Mapping[str, Any],
+        norm: NormSpec,
         qk_norm: str | None = None,
         **residual_kw: Any,
     ) -> None:
@@ -114,7 +115,7 @@ class GPT(nn.Module):
         self,
         vocab_size: int,
         placement: Mapping[str, Any],
-        norm: Mapping[str, Any],
+        norm: NormSpec,
         depth: int = 4,
         d_model: int = 64,
         n_heads: int = 4,

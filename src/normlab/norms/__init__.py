@@ -1,7 +1,8 @@
 """The core package: every normalization layer, built by name through one registry.
 
 A norm of your own joins it with `@register_norm("name")` (see normlab.norms.registry and
-examples/my_norm.py) and is then built by `create_norm` / `norm_from_config` like a built-in.
+examples/my_norm.py) and is then built by `create_norm` / `norm_from_config` like a built-in;
+a model also takes any callable width -> nn.Module as its norm (`NormSpec`).
 """
 
 from normlab.norms.base import Norm, NormConfigError
@@ -14,6 +15,7 @@ from normlab.norms.instancenorm import InstanceNorm
 from normlab.norms.layernorm import LayerNorm
 from normlab.norms.nonorm import NoNorm
 from normlab.norms.registry import (
+    NormSpec,
     NormTraits,
     available_norms,
     canonical_name,
@@ -23,6 +25,8 @@ from normlab.norms.registry import (
     norm_traits,
     norms_with,
     register_norm,
+    spec_name,
+    spec_traits,
 )
 from normlab.norms.rmsnorm import PRMSNorm, RMSNorm, RMSNormFunction
 
@@ -38,6 +42,7 @@ __all__ = [
     "NoNorm",
     "Norm",
     "NormConfigError",
+    "NormSpec",
     "NormTraits",
     "PRMSNorm",
     "RMSNorm",
@@ -51,4 +56,6 @@ __all__ = [
     "norm_traits",
     "norms_with",
     "register_norm",
+    "spec_name",
+    "spec_traits",
 ]

@@ -32,17 +32,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from normlab.norms.registry import norm_from_config, norm_traits
+from normlab.norms.registry import NormSpec, norm_from_config, norm_traits
 
 LAYERNORM: Mapping[str, Any] = MappingProxyType({"name": "layernorm"})  # the default base norm
 
 
-def plain_norm(
-    norm: Mapping[str, Any], num_features: int, channel_dim: int | None = None
-) -> nn.Module:
+def plain_norm(norm: NormSpec, num_features: int, channel_dim: int | None = None) -> nn.Module:
     """The registry's norm `norm` (a norm config) for `num_features`, its own affine parameters
     switched off (through its family's `affine_key`; a family without one is built as
     configured)."""
+    if not isinstance(norm, Mapping):  # a callable: built as it is, its affine with it
+        return norm_from_config(norm, num_features, channel_dim)
     cfg = dict(norm)
     key = norm_traits(cfg["name"]).affine_key if "name" in cfg else None
     if key is not None:
@@ -74,7 +74,7 @@ class AdaptiveNorm(nn.Module):
         self,
         num_features: int,
         cond_dim: int,
-        norm: Mapping[str, Any] = LAYERNORM,
+        norm: NormSpec = LAYERNORM,
         dim: int = -1,
         activation: bool = True,
         gated: bool = False,
@@ -139,7 +139,7 @@ class AdaLN(AdaptiveNorm):
         self,
         num_features: int,
         cond_dim: int,
-        norm: Mapping[str, Any] = LAYERNORM,
+        norm: NormSpec = LAYERNORM,
         zero_init: bool = False,
     ) -> None:
         super().__init__(num_features, cond_dim, norm, dim=-1, zero_init=zero_init)
@@ -148,9 +148,7 @@ class AdaLN(AdaptiveNorm):
 class AdaLNZero(AdaptiveNorm):
     """adaLN-Zero: AdaLN plus a residual gate; zero-init regression: a block starts as identity."""
 
-    def __init__(
-        self, num_features: int, cond_dim: int, norm: Mapping[str, Any] = LAYERNORM
-    ) -> None:
+    def __init__(self, num_features: int, cond_dim: int, norm: NormSpec = LAYERNORM) -> None:
         super().__init__(num_features, cond_dim, norm, dim=-1, gated=True, zero_init=True)
 
 

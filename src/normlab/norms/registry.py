@@ -5,6 +5,10 @@ their own modules, a user's in theirs: see conf/train.yaml's `plugins`). `create
 num_features, ...)` builds it with the number of features first, as every family takes it.
 What a model needs to know about a family is read from its class by `norm_traits`: a Norm
 declares it once (defaults on `Norm`), a plain nn.Module gets the conservative defaults below.
+
+Models take a norm spec (`NormSpec`): a norm config (the family's name and its keywords, built
+by `norm_from_config`) or any callable from a width to a module (a class such as timm's RmsNorm,
+a partial, a function), called with the width alone on the layout the model feeds it.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from torch import nn
 
@@ -21,6 +25,7 @@ from normlab.norms.base import NormConfigError
 _NORMS: dict[str, type[nn.Module]] = {}  # canonical name -> class
 _ALIASES: dict[str, str] = {}  # alias -> canonical name
 M = TypeVar("M", bound=type[nn.Module])
+NormSpec = Mapping[str, Any] | Callable[[int], nn.Module]
 
 
 def _key(name: str) -> str:
@@ -161,12 +166,43 @@ def create_norm(
     return cls(num_features, **kwargs)
 
 
+def spec_traits(spec: NormSpec) -> NormTraits | None:
+    """What a model can know of a norm spec before building it: a config's family's traits, the
+    traits a class declares (`norm_traits`; a normlab `Norm` does), or None: a config without a
+    name (`norm_from_config` then names what is missing) or a callable that declares none (a
+    plain class such as timm's RmsNorm, a partial, a function). Of those nothing is known: the
+    model's checks pass them, and the run's pre-flight forward pass is where a misfit fails."""
+    if isinstance(spec, Mapping):
+        name = spec.get("name")
+        return None if name is None else norm_traits(str(name))
+    declares = isinstance(spec, type) and hasattr(spec, "tokenwise")
+    return norm_traits(spec) if declares else None
+
+
+def spec_name(spec: NormSpec) -> str:
+    """A norm spec as error messages name it: the config's family, or the callable's name."""
+    if isinstance(spec, Mapping):
+        return str(spec.get("name"))
+    return getattr(spec, "__qualname__", None) or repr(spec)
+
+
 def norm_from_config(
-    cfg: Mapping[str, object],
+    cfg: NormSpec,
     num_features: int,
     channel_dim: int | Sequence[int] | None = None,
 ) -> nn.Module:
-    """`create_norm(cfg["name"], num_features, **rest of cfg)`; None values are passed through."""
+    """Build a norm spec for `num_features`: a config as `create_norm(cfg["name"], num_features,
+    **rest of cfg)` (None values passed through), a callable as `cfg(num_features)` (it takes
+    its input as the model lays it out: `channel_dim` says where, and is not passed)."""
+    if not isinstance(cfg, Mapping):
+        if not callable(cfg):
+            raise NormConfigError(
+                f"a norm spec is a config mapping or a callable width -> nn.Module, got {cfg!r}"
+            )
+        module = cfg(num_features)
+        if not isinstance(module, nn.Module):
+            raise NormConfigError(f"norm {spec_name(cfg)}({num_features}) gave {module!r}")
+        return module
     if "name" not in cfg:
         raise NormConfigError(f"norm config needs a 'name' key, got keys {sorted(cfg)}")
     kwargs = {str(k): v for k, v in cfg.items() if k != "name"}

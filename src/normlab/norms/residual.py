@@ -25,15 +25,22 @@ import torch
 from torch import nn
 
 from normlab.errors import ConfigError
-from normlab.norms import NormConfigError, norm_from_config, norm_traits, norms_with
+from normlab.norms import (
+    NormConfigError,
+    NormSpec,
+    norm_from_config,
+    norms_with,
+    spec_name,
+    spec_traits,
+)
 
 DEEPNORM_ARCHS = ("encoder", "decoder", "encoder_decoder")
 
 
-def tokenwise_norm(norm_cfg: Mapping[str, Any], d_model: int, placement: str) -> nn.Module:
+def tokenwise_norm(norm_cfg: NormSpec, d_model: int, placement: str) -> nn.Module:
     """Build the configured norm for a (B, T, D) stream; reject norms that mix positions."""
-    name = norm_cfg.get("name")  # a config without one fails in norm_from_config, naming it
-    if name is not None and not norm_traits(name).tokenwise:
+    traits, name = spec_traits(norm_cfg), spec_name(norm_cfg)
+    if traits is not None and not traits.tokenwise:
         raise NormConfigError(
             f"norm={name} cannot sit in placement={placement}: a Transformer block normalises "
             f"each token over its {d_model} features, and {name} would take statistics across "
@@ -90,7 +97,7 @@ class Residual(nn.Module):
     needs_final_norm: ClassVar[bool] = False  # the residual stream leaves the last block unnormed
     init_gain: float = 1.0  # xavier gain of the branch's value path (DeepNorm: beta)
 
-    def __init__(self, sublayer: nn.Module, d_model: int, norm_cfg: Mapping[str, Any]) -> None:
+    def __init__(self, sublayer: nn.Module, d_model: int, norm_cfg: NormSpec) -> None:
         super().__init__()
         self.sublayer = sublayer
 
@@ -113,7 +120,7 @@ class PostNorm(Residual):
 
     name = "post"
 
-    def __init__(self, sublayer: nn.Module, d_model: int, norm_cfg: Mapping[str, Any]) -> None:
+    def __init__(self, sublayer: nn.Module, d_model: int, norm_cfg: NormSpec) -> None:
         super().__init__(sublayer, d_model, norm_cfg)
         self.norm = tokenwise_norm(norm_cfg, d_model, self.name)
 
@@ -127,7 +134,7 @@ class PreNorm(Residual):
     name = "pre"
     needs_final_norm = True
 
-    def __init__(self, sublayer: nn.Module, d_model: int, norm_cfg: Mapping[str, Any]) -> None:
+    def __init__(self, sublayer: nn.Module, d_model: int, norm_cfg: NormSpec) -> None:
         super().__init__(sublayer, d_model, norm_cfg)
         self.norm = tokenwise_norm(norm_cfg, d_model, self.name)
 
@@ -150,7 +157,7 @@ class DeepNorm(Residual):
         self,
         sublayer: nn.Module,
         d_model: int,
-        norm_cfg: Mapping[str, Any],
+        norm_cfg: NormSpec,
         alpha: float,
         beta: float = 1.0,
     ) -> None:
@@ -188,7 +195,7 @@ class SandwichNorm(Residual):
     name = "sandwich"
     needs_final_norm = True
 
-    def __init__(self, sublayer: nn.Module, d_model: int, norm_cfg: Mapping[str, Any]) -> None:
+    def __init__(self, sublayer: nn.Module, d_model: int, norm_cfg: NormSpec) -> None:
         super().__init__(sublayer, d_model, norm_cfg)
         self.norm_in = tokenwise_norm(norm_cfg, d_model, self.name)
         self.norm_out = tokenwise_norm(norm_cfg, d_model, self.name)
@@ -229,7 +236,7 @@ def placement_class(placement: str) -> type[Residual]:
 
 
 def create_residual(
-    placement: str, sublayer: nn.Module, d_model: int, norm_cfg: Mapping[str, Any], **kw: Any
+    placement: str, sublayer: nn.Module, d_model: int, norm_cfg: NormSpec, **kw: Any
 ) -> Residual:
     """Wrap `sublayer` in the named placement, norms from `norm_cfg` (deepnorm needs alpha=;
     a model gets every keyword of a placement from `placement_class(name).stack_kwargs`)."""
