@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import ctypes
 import math
+import subprocess
+import sys
 
 import lightning.pytorch as pl
 import pytest
 import torch
 from conftest import TINY
 
+import normlab.run
 from normlab.run import train
 
 SEEN: dict[str, object] = {}
@@ -73,27 +76,44 @@ def test_compile(run):
     assert seen["net_type"] == "OptimizedModule"
 
 
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [  # glibc <malloc.h>: struct mallinfo2
-        (name, ctypes.c_size_t)
-        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
-                     "uordblks", "fordblks", "keepcost")
-    ]  # fmt: skip
+# In a fresh interpreter (this one's heap may have been kept by an earlier run): the free bytes
+# left in glibc's heap after a 64 MiB block, above its largest default mmap threshold, is freed.
+_FREE_AFTER_64MIB = """
+import ctypes, sys
+from normlab.compute import keep_heap
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+if sys.argv[1] == "keep":
+    assert keep_heap()
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+libc.mallinfo2.restype = MallInfo2
+block = libc.malloc(64 * 2**20)
+ctypes.memset(block, 1, 64 * 2**20)
+libc.free(block)
+print(libc.mallinfo2().fordblks)
+"""
 
 
-def _free_heap_bytes_after_a_64mib_tensor() -> int:
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallinfo2.restype = _MallInfo2
-    t = torch.ones(64 * 2**20 // 4)  # 64 MiB: above glibc's largest default mmap threshold
-    del t
-    return libc.mallinfo2().fordblks
-
-
-def test_keep_heap_keeps_freed_memory_in_the_process(run):
+def test_keep_heap_keeps_freed_memory_in_the_process():
     try:
         ctypes.CDLL("libc.so.6").mallinfo2  # noqa: B018
     except (OSError, AttributeError):
         pytest.skip("needs glibc >= 2.33")
-    run("keep_heap=true")
-    # the run set it for the process: a freed 64 MiB block now stays in the heap, not unmapped
-    assert _free_heap_bytes_after_a_64mib_tensor() >= 64 * 2**20
+
+    def free_bytes(mode: str) -> int:
+        done = subprocess.run([sys.executable, "-c", _FREE_AFTER_64MIB, mode],
+                              capture_output=True, text=True, check=True)  # fmt: skip
+        return int(done.stdout)
+
+    assert free_bytes("default") < 64 * 2**20  # glibc unmaps the block: the OS has it back
+    assert free_bytes("keep") >= 64 * 2**20  # kept: the block stays in the heap for reuse
+
+
+@pytest.mark.parametrize("overrides, kept", [((), True), (("keep_heap=false",), False)])
+def test_a_run_keeps_its_heap_unless_told_not_to(compose, tmp_path, monkeypatch, overrides, kept):
+    calls = []
+    monkeypatch.setattr(normlab.run, "keep_heap", lambda: calls.append(1) or True)
+    normlab.run.build_task(compose([*TINY, *overrides], tmp_path))
+    assert calls == ([1] if kept else [])

@@ -9,6 +9,7 @@ import signal
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 from unittest import mock
 
@@ -80,11 +81,18 @@ def wandb_records(path: Path):
             yield record
 
 
-def wandb_exit_code(run_dir: Path) -> int:
-    """The exit code the run dir's one offline wandb run ended with (its exit record)."""
+def wandb_exit_code(run_dir: Path, wait_s: float = 10.0) -> int:
+    """The exit code the run dir's one offline wandb run ended with (its exit record). wandb's
+    service process writes the file: on a loaded machine the record can land a moment after
+    wandb.finish returns, so it is read again for up to wait_s seconds."""
     (path,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
-    (code,) = [r.exit.exit_code for r in wandb_records(path) if r.HasField("exit")]
-    return code
+    deadline = time.monotonic() + wait_s
+    while True:
+        codes = [r.exit.exit_code for r in wandb_records(path) if r.HasField("exit")]
+        if codes or time.monotonic() > deadline:
+            (code,) = codes
+            return code
+        time.sleep(0.2)
 
 
 def test_all_trackers_at_once_in_a_multirun(tmp_path):

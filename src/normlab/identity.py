@@ -18,9 +18,9 @@ import normlab
 SRC = Path(normlab.__file__).resolve().parent
 # Code that never runs inside a training job: editing it must not rerun finished jobs.
 NOT_TRAINING_CODE = ("analysis",)
-# Keys that say where a job writes or reads, how it was started or what it shows while it
-# runs, not what it computes.
-NOT_IDENTITY = ("paths", "ckpt_path", "overwrite", "progress")
+# Keys that say where a job writes or reads, how it was started, what it shows while it runs
+# or where its memory comes from, not what it computes.
+NOT_IDENTITY = ("paths", "ckpt_path", "overwrite", "progress", "keep_heap")
 
 
 def _digest(text: str | bytes) -> str:

@@ -99,18 +99,19 @@ def main(argv: list[str] | None = None) -> None:
     print(setting)
     out = args.out or (OUT / "keep_heap" if args.keep_heap else OUT)  # default: by heap setting
 
-    def report(part: str, title: str, rows: list[dict], cols: list[str]) -> None:
-        """Print the table; write <out>/<part>.csv and <part>.md (with the command and setting)."""
+    def report(part: str, title: str, rows: list[dict], cols: list[str], note: str = "") -> None:
+        """Print the table; write <out>/<part>.csv and <part>.md (with the command, setting and
+        note)."""
         write_csv(rows, out / f"{part}.csv")
         table = markdown_table(cols, ([r.get(c, "") for c in cols] for r in rows))
         print(f"\n## {title}\n\n{table}")
         given = argv if argv is not None else sys.argv[1:]
         command = " ".join(["python scripts/bench.py", *given])
-        (out / f"{part}.md").write_text(f"# {title}\n\n`{command}`: {setting}\n\n{table}\n")
+        (out / f"{part}.md").write_text(f"# {title}\n\n`{command}`: {setting}{note}\n\n{table}\n")
 
     if args.part in ("norms", "all"):
         report("norms", norms.TITLE, norms.bench(args.rounds or norms.ROUNDS), norms.COLUMNS)
     if args.part in ("train", "all"):
         rows = train.bench(args.rounds or train.ROUNDS, args.train_cases)
-        report("train", train.TITLE, rows, train.COLUMNS)
+        report("train", train.TITLE, rows, train.COLUMNS, train.HEAP_NOTE)
     print(f"\nCSV and markdown in {out}")

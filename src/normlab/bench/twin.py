@@ -4,8 +4,9 @@ trains (an image classifier on Fashion-MNIST, e.g. the default LeNet+BN): the sa
 init, data files, train/val split and normalization, batch order, optimizer and per-step lr
 schedule, validation after each epoch, then the test split with the weights of the best
 validation accuracy (kept in memory). It prints one JSON line: steps, best val/acc, test/acc
-and test/loss. It keeps no logs and writes no files: the bench's baseline for what a user waits
-for (normlab.bench.train.END_TO_END).
+and test/loss. It keeps no logs, writes no files and leaves the C heap as glibc sets it, as a
+plain script does (a run keeps it: keep_heap): the bench's baseline for what a user waits for
+(normlab.bench.train.END_TO_END).
 """
 
 from __future__ import annotations
