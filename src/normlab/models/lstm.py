@@ -39,8 +39,9 @@ State = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (B, hidden)
 
 def lstm_norm(cfg: NormSpec, features: int, layer: str) -> nn.Module:
     """The configured norm over `features` per sample, or NormConfigError naming `layer`."""
-    traits, name = spec_traits(cfg), spec_name(cfg)
+    traits = spec_traits(cfg)
     if traits is not None and not traits.tokenwise:
+        name = spec_name(cfg)
         raise NormConfigError(
             f"norm={name} cannot be used in model=lstm (layer {layer}, {features} features): "
             "an LSTM normalizes each sample's own features at every time step (Ba et al. 2016) "

@@ -32,22 +32,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from normlab.norms.registry import NormSpec, norm_from_config, norm_traits
+from normlab.norms.registry import NormSpec, norm_from_config, spec_traits
 
 LAYERNORM: Mapping[str, Any] = MappingProxyType({"name": "layernorm"})  # the default base norm
 
 
 def plain_norm(norm: NormSpec, num_features: int, channel_dim: int | None = None) -> nn.Module:
-    """The registry's norm `norm` (a norm config) for `num_features`, its own affine parameters
-    switched off (through its family's `affine_key`; a family without one is built as
-    configured)."""
-    if not isinstance(norm, Mapping):  # a callable: built as it is, its affine with it
-        return norm_from_config(norm, num_features, channel_dim)
-    cfg = dict(norm)
-    key = norm_traits(cfg["name"]).affine_key if "name" in cfg else None
-    if key is not None:
-        cfg[key] = False
-    return norm_from_config(cfg, num_features, channel_dim)
+    """The norm spec `norm` for `num_features`, a config's own affine parameters switched off
+    (through its family's `affine_key`); a family without one, or a callable (which takes the
+    width alone), is built as it is."""
+    traits = spec_traits(norm) if isinstance(norm, Mapping) else None
+    if traits is not None and traits.affine_key is not None:
+        norm = {**norm, traits.affine_key: False}
+    return norm_from_config(norm, num_features, channel_dim)
 
 
 def broadcast_to(t: torch.Tensor, x: torch.Tensor, dim: int = -1) -> torch.Tensor:

@@ -39,8 +39,9 @@ DEEPNORM_ARCHS = ("encoder", "decoder", "encoder_decoder")
 
 def tokenwise_norm(norm_cfg: NormSpec, d_model: int, placement: str) -> nn.Module:
     """Build the configured norm for a (B, T, D) stream; reject norms that mix positions."""
-    traits, name = spec_traits(norm_cfg), spec_name(norm_cfg)
+    traits = spec_traits(norm_cfg)
     if traits is not None and not traits.tokenwise:
+        name = spec_name(norm_cfg)
         raise NormConfigError(
             f"norm={name} cannot sit in placement={placement}: a Transformer block normalises "
             f"each token over its {d_model} features, and {name} would take statistics across "

@@ -49,9 +49,8 @@ class ClassificationTask(Task):
     monitor = "val/acc"
     monitor_mode = "max"
 
-    def __init__(self, net: nn.Module, optim: Mapping[str, Any], num_classes: int = 10):
+    def __init__(self, net: nn.Module, optim: Mapping[str, Any]):
         super().__init__(net, optim)
-        self.num_classes = num_classes
         # no per-update input checks: labels come from the data module, logits from the net,
         # and a NaN loss is the divergence guard's to catch (its epoch mean is then NaN too)
         self.totals = nn.ModuleDict({s: EpochTotals() for s in ("fit", "val", "test")})
