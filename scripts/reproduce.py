@@ -1,6 +1,8 @@
 """Reproduce the papers' comparison plots from run logs.
 
     python scripts/reproduce.py NAME [--seeds N] [--quick] [--jobs N] [--root DIR]
+    python scripts/reproduce.py NAME --decide      # declared initial seeds, then those the
+                                                   # undecided claims plan for (up to the cap)
     python scripts/reproduce.py NAME --redraw      # from the committed runs.csv, no training
     python scripts/reproduce.py NAME --grids G,..  # run only these grids; their arms' rows
                                                    # replace those in the committed runs.csv
@@ -104,7 +106,7 @@ def redraw(name: str, quick: bool, root: Path, norm: str | None = None) -> dict[
     return report.write_evidence(
         repro.render(data), out, evidence, title,
         command_text(name, quick, seeds, norm, _plugin(jobs) if norm else None),
-        repro.budget(quick).text, jobs,
+        repro.budget(quick).text, jobs, repro.initial_seeds, repro.seed_cap,
     )  # fmt: skip
 
 
@@ -154,7 +156,7 @@ def reproduce(
     paths = report.evidence_paths(sweep.figures_dir(root, quick), evidence_name(name, norm))
     paths["runs"].parent.mkdir(parents=True, exist_ok=True)
     data = repro.extract(runs)[report.RUNS_COLUMNS]
-    job_rows = sweep.jobs_frame(runs, repro.arm)
+    job_rows = sweep.jobs_frame(runs)
     if grids:
         data, job_rows = _merge(data, paths["runs"]), _merge(job_rows, paths["jobs"])
     data.to_csv(paths["runs"], index=False, float_format=report.FLOAT)
@@ -162,6 +164,27 @@ def reproduce(
     paths = redraw(name, quick, root, norm)  # the md comes from the files, as --redraw makes it
     print(f"{name}: {seconds:.0f} s, wrote {paths['md']} (+ figure, data)", flush=True)
     return paths["md"]
+
+
+def seeds_to_decide(claims_csv: Path, cap: int) -> int | None:
+    """The seeds the undecided claims plan for (the most any of them needs, at most `cap`);
+    None when no claim is undecided or none has a plan."""
+    claims = pd.read_csv(claims_csv)
+    open_ = claims[claims["verdict"].str.startswith("undecided") & claims["planned_seeds"].notna()]
+    return min(cap, int(open_["planned_seeds"].max())) if len(open_) else None
+
+
+def decide(name: str, jobs: int, root: Path, grids: list[str] | None) -> Path:
+    """Seeds to a decision: the reproduction at its initial seeds, then, once, at the seeds its
+    undecided claims plan for (up to the declared cap), the jobs already run reused."""
+    repro = REPRODUCTIONS[name]
+    md = reproduce(name, False, jobs, root, repro.initial_seeds, grids)
+    planned = seeds_to_decide(md.with_suffix(".claims.csv"), repro.seed_cap)
+    if planned is None or planned <= repro.initial_seeds:
+        print(f"{name}: no undecided claim plans more than {repro.initial_seeds} seeds")
+        return md
+    print(f"{name}: undecided claims plan {planned} seeds (cap {repro.seed_cap}); running them")
+    return reproduce(name, False, jobs, root, planned, grids)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -187,6 +210,12 @@ def main(argv: list[str] | None = None) -> None:
         "--grids", help="comma-separated grids to run; their arms replace those in the evidence"
     )
     parser.add_argument("--norm", help="a registered norm to add as an arm (norm=custom)")
+    parser.add_argument(
+        "--decide",
+        action="store_true",
+        help="seeds to a decision: the declared initial seeds, then once the seeds the "
+        "undecided claims plan for, up to the declared cap",
+    )
     parser.add_argument("--plugin", help="module that registers --norm (plugins=[MODULE])")
     args = parser.parse_args(argv)
     if args.list:
@@ -201,6 +230,9 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"NAME must be one of {list(REPRODUCTIONS)} or 'all', got {args.name!r}")
     if args.plugin and not args.norm:
         parser.error("--plugin goes with --norm (the norm it registers)")
+    if args.decide and (args.quick or args.seeds or args.norm):
+        parser.error("--decide plans its own seeds at the full budget: not with --quick, "
+                     "--seeds or --norm")  # fmt: skip
     if (args.grids or args.norm) and args.name == "all":
         parser.error("--grids and --norm take one NAME, not 'all'")
     grids = [g for g in args.grids.split(",") if g] if args.grids else None
@@ -211,6 +243,8 @@ def main(argv: list[str] | None = None) -> None:
             if args.redraw:
                 paths = redraw(name, args.quick, args.root.resolve(), args.norm)
                 print(f"{name}: redrew {paths['md']} from {paths['runs']}")
+            elif args.decide:
+                decide(name, args.jobs, args.root.resolve(), grids)
             else:
                 reproduce(name, args.quick, args.jobs, args.root.resolve(), args.seeds, grids,
                           args.norm, args.plugin)  # fmt: skip

@@ -20,6 +20,7 @@ from normlab.analysis import (
     bn_lenet,
     deepnorm_depth,
     dit_conditioning,
+    gates,
     gn_batch_size,
     ln_placement,
     report,
@@ -84,9 +85,10 @@ def test_load_sweep_filters_by_overrides(gn_sweep: Path):
 
 
 def test_claim_table_escapes_bars_in_cells():
-    claim = report.Claim("c", "||F(x)||", "q", [1.0, 1.0, 1.0], (0.0, stats.ABOVE))
-    row = report.claims_table([claim]).splitlines()[2]
-    assert row == "| c | \\|\\|F(x)\\|\\| | 1 [1, 1] | 3 | **holds** |"
+    claim = report.Claim("c", "||F(x)||", "q", [1.0, 1.0, 1.0], (0.0, stats.ABOVE), source="paper")
+    decisions = gates.decide([claim], [], initial=3, cap=12)
+    row = report.claims_table([claim], decisions, 3, 12).splitlines()[6]
+    assert row == "| c | paper | \\|\\|F(x)\\|\\| | 1 [1, 1] | 3 (3) | **holds** | holds |"
 
 
 # ----- claims as measurements -------------------------------------------------------------------
@@ -123,34 +125,43 @@ def test_verdict_holds_only_with_the_whole_interval_on_the_papers_side(values, r
 
 
 def test_claim_row_rule_and_verdict_say_what_the_code_tested():
-    claim = report.Claim("c", "2.3x", "steps ratio", [3.0, 4.0, 5.0], (2.0, stats.ABOVE), log=True)
+    claim = report.Claim(
+        "c", "2.3x", "steps ratio", [3.0, 4.0, 5.0], (2.0, stats.ABOVE), log=True, source="paper"
+    )
     row = claim.row()
-    assert set(row) == {"claim", "paper_number", "ours_mean", "ci_low", "ci_high", "n_seeds",
-                        "verdict", "rule"}  # fmt: skip
+    assert set(row) == {"claim", "provenance", "paper_number", "ours_mean", "ci_low", "ci_high",
+                        "n_seeds", "verdict", "rule"}  # fmt: skip
+    assert row["provenance"] == "paper"
     assert row["ours_mean"] == pytest.approx(60.0 ** (1 / 3))  # geometric mean
     assert row["n_seeds"] == 3 and row["verdict"] == claim.verdict
     assert "geometric mean" in row["rule"] and "wholly above 2" in row["rule"]
     assert "wholly below 2" in row["rule"]
-    tie = report.Claim("t", "", "d", [1.0, -1.0, 0.5], (0.0, stats.ABOVE), undecided="tie")
+    tie = report.Claim(
+        "t", "", "d", [1.0, -1.0, 0.5], (0.0, stats.ABOVE), undecided="tie", source="paper"
+    )
     assert tie.verdict == "tie" and tie.rule.endswith("otherwise tie")
 
 
 def test_any_claim_holds_if_a_part_holds_and_fails_only_if_every_part_fails():
     def part(values: list[float]) -> report.Claim:
-        return report.Claim("c", "p", "q", values, (0.05, stats.ABOVE))
+        return report.Claim("c", "p", "q", values, (0.05, stats.ABOVE), source="paper")
 
     holds, undecided, fails = part([0.5, 0.6, 0.7]), part([0.0, 0.2, 0.1]), part([-1, -1.1, -0.9])
     stronger = part([0.9, 1.0, 1.1])
-    claim = report.AnyClaim("any", "p", {"a": fails, "b": holds, "c": undecided, "d": stronger})
+    claim = report.AnyClaim(
+        "any", "p", {"a": fails, "b": holds, "c": undecided, "d": stronger}, source="paper"
+    )
     assert claim.verdict == stats.HOLDS and claim.deciding == "d"  # furthest above 0.05
     assert claim.ours() == f"{stronger.ours()} (d)" and claim.row()["ci_low"] == pytest.approx(
         stronger.interval.low
     )
     assert "any of a, b, c, d" in claim.rule and "no correction for testing 4" in claim.rule
-    mixed = report.AnyClaim("any", "p", {"a": fails, "c": undecided})
+    mixed = report.AnyClaim("any", "p", {"a": fails, "c": undecided}, source="paper")
     assert mixed.verdict == stats.UNDECIDED and mixed.deciding == "c"
-    assert report.AnyClaim("any", "p", {"a": fails, "b": fails}).verdict == stats.FAILS
-    none = report.AnyClaim("any", "p", {"a": part([1.0])})
+    assert (
+        report.AnyClaim("any", "p", {"a": fails, "b": fails}, source="paper").verdict == stats.FAILS
+    )
+    none = report.AnyClaim("any", "p", {"a": part([1.0])}, source="paper")
     assert none.verdict == stats.MISSING and none.row()["n_seeds"] == 1
 
 
@@ -184,7 +195,7 @@ def test_interval_claim_decides_on_a_given_interval_by_claims_rule():
     def claim(low: float, high: float) -> report.IntervalClaim:
         interval = stats.Interval(0.5 * (low + high), low, high, 3)
         return report.IntervalClaim("c", "7%", "median ratio", interval, (stats.BELOW, 0.93),
-                                    "bootstrap")  # fmt: skip
+                                    "bootstrap", source="paper")  # fmt: skip
 
     assert claim(0.85, 0.92).verdict == stats.HOLDS
     assert claim(0.94, 1.02).verdict == stats.FAILS
@@ -202,10 +213,12 @@ def test_interval_claim_decides_on_a_given_interval_by_claims_rule():
         3,
     )
     assert c.ours() == "0.885 [0.85, 0.92]"
-    t_claim = report.Claim("t", "p", "q", [1.0, 2.0, 3.0], (0.0, stats.ABOVE))
-    table = report.claims_table([t_claim, c])
+    t_claim = report.Claim("t", "p", "q", [1.0, 2.0, 3.0], (0.0, stats.ABOVE), source="paper")
+    both = [t_claim, c]
+    table = report.claims_table(both, gates.decide(both, [], 3, 12), 3, 12)
     assert f"CI: {stats.CI_METHOD}; bootstrap." in table
-    assert f"CI: {stats.CI_METHOD}.\n" in report.claims_table([t_claim])  # as before
+    alone = report.claims_table([t_claim], gates.decide([t_claim], [], 3, 12), 3, 12)
+    assert f"CI: {stats.CI_METHOD}.\n" in alone  # as before
 
 
 def test_seeds_text_lists_the_seeds_per_group_of_arms():
@@ -231,7 +244,9 @@ def _bn_run(net: str, norm: str, seed: int, acc: list[float], p50: list[list[flo
         rows.append(row)
     rows.append({"step": 20 * len(acc), "test/acc": acc[-1]})
     experiment = "bn_mlp" if net == "mlp" else "bn_lenet"
-    return Run({"norm": norm, "experiment": experiment, "seed": str(seed)}, "ok", Path("."),
+    arm = f"{'mlp' if experiment == 'bn_mlp' else 'lenet'}/{norm}"
+    overrides = {"norm": norm, "experiment": experiment, "seed": str(seed), "arm": arm}
+    return Run(overrides, "ok", Path("."),
                metrics=pd.DataFrame(rows))  # fmt: skip
 
 
@@ -276,9 +291,9 @@ def test_a_bn_run_that_never_reaches_the_target_counts_with_a_bound_favouring_th
 
 
 def _gn_run(norm: str, b: int, seed: int, error: float, fixed: bool = False) -> Run:
-    overrides = {"norm": norm, "per_device": str(b), "seed": str(seed)}
+    overrides = {"norm": norm, "per_device": str(b), "seed": str(seed), "arm": norm}
     if fixed:
-        overrides["batch"] = "256"
+        overrides.update(batch="256", arm=gn_batch_size.FIXED)
     metrics = pd.DataFrame([{"step": 10, "test/acc": 1 - error / 100, "train/loss_epoch": 0.3}])
     return Run(overrides, "ok", Path("."), metrics=metrics)
 
@@ -323,14 +338,16 @@ def _init_run(placement: str, depth: int, seed: int, slope: float) -> Run:
     norms = {f"grad_init/block_{i:02d}/w2": 0.1 * math.exp(slope * i + bend[i])
              for i in range(depth)}  # fmt: skip
     overrides = {"experiment": "ln_placement_init", "placement": placement,
-                 "model.net.depth": str(depth), "seed": str(seed)}  # fmt: skip
+                 "model.net.depth": str(depth), "seed": str(seed),
+                 "arm": f"init/{placement}/d{depth}"}  # fmt: skip
     return Run(overrides, "ok", Path("."), metrics=pd.DataFrame([{"step": 0, **norms}]))
 
 
 def _lm_run(placement: str, lr: str, warmup: int, seed: int, final: float, status="ok") -> Run:
     """A warmup job: val loss 3.5 after 50 steps and `final` after 100."""
     overrides = {"experiment": "ln_placement", "placement": placement, "optim.optimizer.lr": lr,
-                 "optim.warmup_steps": str(warmup), "seed": str(seed)}  # fmt: skip
+                 "optim.warmup_steps": str(warmup), "seed": str(seed),
+                 "arm": f"{placement}/lr{float(lr):g}/w{warmup}"}  # fmt: skip
     rows = [{"step": 49, "val/loss": 3.5}, {"step": 99, "val/loss": final}]
     return Run(overrides, status, Path("."), metrics=pd.DataFrame(rows))
 
@@ -401,14 +418,15 @@ def _update_run(placement: str, depth: int, warmup: int, seed: int, first: float
     """An update job: update_norm `first` after step 1, then growing 10% a step for 49 steps."""
     overrides = {"experiment": "deepnorm_update", "placement": placement,
                  "model.net.depth": str(depth), "optim.warmup_steps": str(warmup),
-                 "seed": str(seed)}  # fmt: skip
+                 "seed": str(seed), "arm": f"update/{placement}/d{depth}/w{warmup}"}  # fmt: skip
     rows = [{"step": t, "update_norm": first * 1.1 ** (t - 1)} for t in range(1, 51)]
     return Run(overrides, "ok", Path("."), metrics=pd.DataFrame(rows))
 
 
 def _depth_run(placement: str, depth: int, seed: int, final: float, status="ok") -> Run:
     overrides = {"experiment": "deepnorm_depth", "placement": placement,
-                 "model.net.depth": str(depth), "seed": str(seed)}  # fmt: skip
+                 "model.net.depth": str(depth), "seed": str(seed),
+                 "arm": f"{placement}/d{depth}"}  # fmt: skip
     rows = [{"step": 149, "val/loss": 3.0}, {"step": 299, "val/loss": final}]
     return Run(overrides, status, Path("."), metrics=pd.DataFrame(rows))
 
@@ -489,7 +507,7 @@ def test_deepnorm_depth_a_bounded_post_ln_fails_the_growth_claims():
 
 
 # a reproduction's analysis where a test needs none: arm, extract, render
-ANALYSIS = (str, pd.DataFrame, lambda data: None)
+ANALYSIS = (pd.DataFrame, lambda data: None)
 
 
 # ----- sweeps of a reproduction ---------------------------------------------------------------
@@ -548,7 +566,10 @@ def test_jobs_frame_has_one_row_per_job_with_its_identity(gn_sweep: Path):
     runs = load_sweep(gn_sweep)
     for r in runs:
         r.overrides["seed"] = "0"
-    jobs = jobs_frame(runs, lambda r: r.get("norm"))
+    for r in runs:
+        r.overrides["arm"] = r.get("norm")
+    jobs = jobs_frame(runs)
+    assert set(jobs["arm"]) == {r.get("norm") for r in runs}
     assert list(jobs.columns) == report.JOBS_COLUMNS and len(jobs) == 5
     assert jobs["error"].tolist().count("RuntimeError: boom") == 1
 
@@ -565,12 +586,13 @@ def _speed_run(norm: str, threads: int, seed: int, ratio: float, status: str = "
     rows += [{"step": 10 + i, "time/model_step_ms": r * base, "time/baseline_step_ms": base,
               "time/baseline_first": float(i % 2)} for i, r in enumerate(ratios)]  # fmt: skip
     overrides = {"experiment": "rmsnorm_speed", "norm": norm, "num_threads": str(threads),
-                 "seed": str(seed)}  # fmt: skip
+                 "seed": str(seed), "arm": f"speed/{norm}/t{threads}"}  # fmt: skip
     return Run(overrides, status, Path("."), metrics=pd.DataFrame(rows))
 
 
 def _quality_run(norm: str, seed: int, final: float) -> Run:
-    overrides = {"experiment": "rmsnorm_quality", "norm": norm, "seed": str(seed)}
+    overrides = {"experiment": "rmsnorm_quality", "norm": norm, "seed": str(seed),
+                 "arm": f"quality/{norm}"}  # fmt: skip
     rows = [{"step": 299, "val/loss": 3.0}, {"step": 599, "val/loss": final}]
     return Run(overrides, "ok", Path("."), metrics=pd.DataFrame(rows))
 
@@ -614,8 +636,8 @@ def test_rmsnorm_speed_bootstrap_median_ratios_and_paired_val_loss(tmp_path: Pat
     assert [c.row() for c in again.claims] == [c.row() for c in result.claims]
     plt.close(result.figure)
     plt.close(again.figure)
-    assert rmsnorm_speed.arm(runs[0]) == "speed/layernorm/t1"
-    assert rmsnorm_speed.arm(runs[-1]) == "quality/prmsnorm"
+    assert runs[0].arm == "speed/layernorm/t1"
+    assert runs[-1].arm == "quality/prmsnorm"
 
 
 # ----- dit_conditioning: logs -> runs.csv -> claims ---------------------------------------------
@@ -643,7 +665,7 @@ def _dit_run(root: Path, conditioning: str, seed: int, fid: float, loss: float,
         ]
     )
     overrides = {"experiment": "dit_conditioning", dit_conditioning.KEY: conditioning,
-                 "seed": str(seed)}  # fmt: skip
+                 "seed": str(seed), "arm": conditioning}  # fmt: skip
     return Run(overrides, "ok", run_dir, metrics=metrics)
 
 

@@ -24,8 +24,8 @@ CI_NAMES = ["bn_lenet", "gn_batch_size", "ln_placement", "ln_rnn", "deepnorm_dep
             "rmsnorm_speed", "dit_conditioning", "dit_conditioning_deep", "dyt_vs_ln"]  # fmt: skip
 
 
-# a reproduction's analysis where a test needs none: arm, extract, render
-ANALYSIS = (str, pd.DataFrame, lambda data: None)
+# a reproduction's analysis where a test needs none: extract, render
+ANALYSIS = (pd.DataFrame, lambda data: None)
 
 
 def reproduce(*args: str, root: Path) -> subprocess.CompletedProcess:
@@ -194,7 +194,8 @@ def test_quick_run_writes_evidence_reuses_its_jobs_and_redraws_the_same_md(
     for path in files:
         assert path.is_file() and path.stat().st_size > 0, path
     md = (figures / f"{name}.md").read_text()
-    assert "| claim (as tested here) | paper | ours: mean [95% CI] | seeds | verdict |" in md
+    header = "| claim (as tested here) | source | paper | ours: mean [95% CI] | seeds (planned) |"
+    assert header in md and "## Gates" in md and "Holm" in md
     jobs = pd.read_csv(figures / name / "jobs.csv")
     assert (jobs["status"] == "ok").all() and sorted(jobs["seed"].unique()) == [0, 1]
     claims = pd.read_csv(figures / f"{name}.claims.csv")
@@ -300,8 +301,8 @@ def test_with_norm_adds_a_users_norm_to_the_grids_that_compare_norms():
     repro = REPRODUCTIONS["dyt_vs_ln"].with_norm("meanonly", "examples.my_norm")
     added = {g.name: g for g in repro.grids if g.name.endswith("-meanonly")}
     assert sorted(added) == ["dit-meanonly", "gpt-meanonly"]
-    assert added["gpt-meanonly"].overrides[-3:] == (
-        "norm=custom", "norm.name=meanonly", "plugins=[examples.my_norm]"
+    assert added["gpt-meanonly"].overrides[-4:] == (
+        "norm=custom", "norm.name=meanonly", "plugins=[examples.my_norm]", "arm=gpt/meanonly"
     )  # fmt: skip
     with pytest.raises(ValueError, match="fixed arms"):
         REPRODUCTIONS["ln_rnn"].with_norm("meanonly", None)
@@ -350,9 +351,9 @@ def test_a_users_norm_runs_through_a_reproduction_as_one_more_arm(tmp_path):
                                             "gpt/rmsnorm"]  # fmt: skip
     claims = pd.read_csv(figures / "dyt_vs_ln+meanonly.claims.csv").set_index("claim")
     mine = claims.loc["GPT: meanonly's final val loss is within +-0.05 nats of LayerNorm's"]
-    assert mine["n_seeds"] == 2 and mine["verdict"] in (
+    assert mine["n_seeds"] == 2 and (mine["verdict"] in (
         "holds", "does not hold", "undecided (within noise)"
-    )  # fmt: skip
+    ) or mine["verdict"].startswith("invalid: "))  # 20 steps: the gates may fail  # fmt: skip
     md = (figures / "dyt_vs_ln+meanonly.md").read_text()
     assert "--norm meanonly --plugin examples.my_norm --quick" in md
     assert not (figures / "dyt_vs_ln.md").exists()  # the reproduction's own evidence untouched

@@ -18,6 +18,9 @@ import normlab
 SRC = Path(normlab.__file__).resolve().parent
 # Code that never runs inside a training job: editing it must not rerun finished jobs.
 NOT_TRAINING_CODE = ("analysis",)
+# Config that never reaches a job: the reproductions' declarations (a job's own config records
+# what it ran).
+NOT_TRAINING_CONF = ("reproduce",)
 # Keys that say where a job writes or reads, how it was started, what it shows while it runs
 # or where its memory comes from, not what it computes.
 NOT_IDENTITY = ("paths", "ckpt_path", "overwrite", "progress", "keep_heap")
@@ -49,6 +52,8 @@ def code_version(conf_dir: Path | None) -> str:
             if not path.is_file() or "__pycache__" in rel.parts:
                 continue
             if label == "src" and rel.parts[0] in NOT_TRAINING_CODE:
+                continue
+            if label == "conf" and rel.parts[0] in NOT_TRAINING_CONF:
                 continue
             if path.suffix not in (".py", ".yaml", ".cpp"):
                 continue

@@ -28,16 +28,11 @@ NORMS = {"none": "plain LSTM", "layernorm": "LN-LSTM"}
 VAL, FINAL = "val/loss", "final/val_loss"
 
 
-def arm(run: Run) -> str:
-    """The job's norm: none or layernorm."""
-    return run.get("norm")
-
-
 def extract(runs: list[Run]) -> pd.DataFrame:
     """Per finished (or diverged) job: its val loss after every EVERY steps and its last one."""
     rows = []
     for run in runs:
-        rows += val_loss_rows(run, arm(run), int(run.get("seed")))
+        rows += val_loss_rows(run, run.arm, int(run.get("seed")))
     return pd.DataFrame(rows, columns=["arm", "seed", "x", "metric", "value"])
 
 
@@ -89,6 +84,8 @@ def _claims(data: pd.DataFrame) -> list[Claim]:
             [speedup(plain[s], ln[s], n) for s in seeds],
             (1.0, ABOVE),
             log=True,
+            source="paper",
+            arms=NORMS,
         ),
         Claim(
             "the LN-LSTM's final val loss is lower than the plain LSTM's",
@@ -96,6 +93,9 @@ def _claims(data: pd.DataFrame) -> list[Claim]:
             "the plain LSTM's final val loss minus the LN-LSTM's (same seed), nats",
             list(final["none"] - final["layernorm"]),
             (0.0, ABOVE),
+            source="paper",
+            arms=NORMS,
+            final=True,
         ),
     ]
 

@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+from omegaconf import OmegaConf
 
+from normlab.config import register_resolvers
 from normlab.summary import FIRST_COLUMNS, read_summary
 
 
@@ -65,6 +67,22 @@ class Run:
             return pd.DataFrame(columns=[x, key])
         rows = self.metrics[[x, key]].dropna()
         return rows.sort_values(x, kind="stable").reset_index(drop=True)
+
+    def setting(self, key: str, default: object = None) -> object:
+        """A key of the job's composed config (<run dir>/.hydra/config.yaml), resolved in it;
+        default when the file or the key is missing."""
+        path = self.run_dir / ".hydra" / "config.yaml"
+        if not path.is_file():
+            return default
+        register_resolvers()
+        value = OmegaConf.select(OmegaConf.load(path), key, default=default)
+        return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+    @property
+    def arm(self) -> str:
+        """The arm the job ran as: its config's `arm` (set by scripts/reproduce.py), resolved;
+        the `arm=` override as given when the run dir holds no config."""
+        return str(self.setting("arm", None) or self.get("arm"))
 
     def last(self, key: str) -> float:
         """The last logged value of `key` (metrics.csv first, then the summary row); NaN if none."""

@@ -20,7 +20,9 @@ def _claims_cell(claims: pd.DataFrame) -> str:
     parts = []
     for c in claims.itertuples():
         ci = "" if math.isnan(c.ci_low) else f" [{fmt(c.ci_low)}, {fmt(c.ci_high)}]"
-        parts.append(f"{c.claim}: **{c.verdict}** ({fmt(c.ours_mean)}{ci}, {c.n_seeds} seeds)")
+        source = "paper" if c.provenance == "paper" else "ours"
+        parts.append(f"[{source}] {c.claim}: **{c.verdict}** ({fmt(c.ours_mean)}{ci}, "
+                     f"{c.n_seeds} seeds; Holm: {c.verdict_holm})")  # fmt: skip
     return "<br>".join(parts)
 
 
@@ -36,7 +38,8 @@ def results_table(root: Path) -> str:
         else:
             text = "not run yet: `python scripts/reproduce.py " + name + "`"
         rows.append((link, text))
-    columns = ["figure", "claims as tested: verdict (mean [95% CI], seeds)"]
+    columns = ["figure", "[paper or ours] claims as tested: verdict (mean [95% CI], seeds; "
+               "verdict under Holm's correction)"]  # fmt: skip
     return markdown_table(columns, rows) + "\n"
 
 

@@ -15,7 +15,7 @@ matplotlib.rcParams["svg.hashsalt"] = "normlab"  # the same figure gives the sam
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from normlab.analysis import stats  # noqa: E402
+from normlab.analysis import gates, stats  # noqa: E402
 from normlab.tables import cell, markdown_table  # noqa: E402, F401 (cell: report.cell)
 
 
@@ -30,7 +30,14 @@ class Claim:
     region: tuple[float, float]  # where the paper's side lies: (2, ABOVE) is "above 2"
     log: bool = False  # a ratio: geometric mean, CI on the log scale
     undecided: str = stats.UNDECIDED  # the verdict's words when the CI straddles the threshold
+    source: str = ""  # provenance: "paper" (the paper states it) or "ours" (see `why`)
+    why: str = ""  # for an "ours" claim: why this suite tests this threshold or quantity
+    arms: tuple[str, ...] = ()  # the arms its values come from: their gates decide validity
+    final: bool = False  # compares final values: each arm must have converged
     ci_method: ClassVar[str] = stats.CI_METHOD
+
+    def __post_init__(self) -> None:
+        check_source(self)
 
     @property
     def interval(self) -> stats.Interval:
@@ -69,6 +76,13 @@ class IntervalClaim:
     region: tuple[float, float]  # where the paper's side lies
     ci_method: str  # how the interval was computed (the md's CI line)
     undecided: str = stats.UNDECIDED
+    source: str = ""  # "paper" or "ours" (as Claim)
+    why: str = ""
+    arms: tuple[str, ...] = ()
+    final: bool = False
+
+    def __post_init__(self) -> None:
+        check_source(self)
 
     @property
     def verdict(self) -> str:
@@ -90,16 +104,29 @@ class IntervalClaim:
         return _row(self)
 
 
+PROVENANCE = ("paper", "ours")
+
+
+def check_source(claim) -> None:
+    """A claim says where it comes from: the paper (its number quoted) or this suite (why)."""
+    if claim.source not in PROVENANCE:
+        raise ValueError(f"claim {claim.claim!r}: source must be one of {PROVENANCE}, "
+                         f"got {claim.source!r}")  # fmt: skip
+    if claim.source == "ours" and not claim.why:
+        raise ValueError(f"claim {claim.claim!r}: an 'ours' claim says why (why=...)")
+
+
 def _ours(i: stats.Interval) -> str:
     ci = f" [{fmt(i.low)}, {fmt(i.high)}]" if i.known else " [CI n/a]"
     return f"{fmt(i.mean)}{ci}"
 
 
 def _row(claim: Claim | IntervalClaim | AnyClaim) -> dict[str, object]:
-    """A claim's row of NAME.claims.csv."""
+    """A claim's row of NAME.claims.csv, before its gates and Holm's correction (`decided_row`)."""
     i = claim.interval
     return {
         "claim": claim.claim,
+        "provenance": claim.source if claim.source == "paper" else f"ours: {claim.why}",
         "paper_number": claim.paper_number,
         "ours_mean": i.mean,
         "ci_low": i.low,
@@ -108,6 +135,17 @@ def _row(claim: Claim | IntervalClaim | AnyClaim) -> dict[str, object]:
         "verdict": claim.verdict,
         "rule": claim.rule,
     }
+
+
+def decided_row(claim, decision: gates.Decision) -> dict[str, object]:
+    """A claim's row of NAME.claims.csv: the row, with the verdict after its gates, the seeds
+    planned for it, its p-value and the verdict under Holm's correction."""
+    row = claim.row()
+    row.update(verdict=decision.verdict, gates=decision.gates, planned_seeds=decision.planned_n,
+               p_value=decision.p_value, verdict_holm=decision.holm)  # fmt: skip
+    order = ["claim", "provenance", "paper_number", "ours_mean", "ci_low", "ci_high", "n_seeds",
+             "planned_seeds", "gates", "verdict", "p_value", "verdict_holm", "rule"]  # fmt: skip
+    return {k: row[k] for k in order}
 
 
 @dataclass
@@ -119,7 +157,14 @@ class AnyClaim:
     claim: str
     paper_number: str
     parts: dict[str, Claim]  # label (e.g. "lr 0.001") -> that part's claim, tested on its own
+    source: str = ""  # "paper" or "ours" (as Claim)
+    why: str = ""
+    arms: tuple[str, ...] = ()
+    final: bool = False
     ci_method: ClassVar[str] = stats.CI_METHOD
+
+    def __post_init__(self) -> None:
+        check_source(self)
 
     ORDER = (stats.HOLDS, stats.UNDECIDED, stats.FAILS)
 
@@ -176,6 +221,7 @@ class Result:
     figure: plt.Figure
     claims: list  # Claim, IntervalClaim, AnyClaim
     notes: list[str] = field(default_factory=list)
+    gates: list[gates.Gate] = field(default_factory=list)  # every arm's validity gates
 
 
 def fmt(value: float, digits: int = 3) -> str:
@@ -235,14 +281,52 @@ def seeds_text(jobs: pd.DataFrame) -> str:
     return "; ".join([*parts, f"{', '.join(map(str, most_seeds))} for the other {len(most)} arms"])
 
 
-def claims_table(claims: list[Claim | IntervalClaim | AnyClaim]) -> str:
-    """The claims as a markdown table (mean and 95% CI over seeds, verdict), their rules and how
-    their intervals were computed."""
-    columns = ["claim (as tested here)", "paper", "ours: mean [95% CI]", "seeds", "verdict"]
-    rows = [(c.claim, c.paper_number, c.ours(), c.interval.n, f"**{c.verdict}**") for c in claims]
-    lines = [markdown_table(columns, rows)]
-    lines += ["", "Rules (in code: `normlab.analysis`; the rule each verdict was decided by):", ""]
-    lines += [f"- *{c.claim}*: {c.rule}." for c in claims]
+def gates_table(found: list[gates.Gate]) -> str:
+    """The validity gates of every arm, before any claim is read."""
+    if not found:
+        return "No gate measured: runs.csv predates the gates (rerun the reproduction).\n"
+    rows = [(g.arm, g.gate, g.measured, f"**{g.status}**") for g in found]
+    lines = [markdown_table(["arm", "gate", "measured", "status"], rows), ""]
+    lines += [f"- *{name}*: {rule}." for name, rule in gates.RULES.items()]
+    lines += [
+        "- A claim reading an arm that fails its trained (or, comparing final values, "
+        "converged; or not-saturated) gate is `invalid`: its number is shown, not read.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def claims_table(claims: list, decisions: list[gates.Decision], initial: int, cap: int) -> str:
+    """The claims as a markdown table (provenance, mean and 95% CI over seeds, seeds run and
+    planned, verdict, verdict under Holm), their rules and how their intervals were computed."""
+    tested = sum(not d.verdict.startswith("invalid") for d in decisions)
+    columns = ["claim (as tested here)", "source", "paper", "ours: mean [95% CI]",
+               "seeds (planned)", "verdict", "Holm"]  # fmt: skip
+    rows = [
+        (c.claim, "paper" if c.source == "paper" else "ours", c.paper_number, c.ours(),
+         f"{c.interval.n} ({d.planned_n if d.planned_n is not None else 'n/a'})",
+         f"**{d.verdict}**", d.holm)
+        for c, d in zip(claims, decisions, strict=True)
+    ]  # fmt: skip
+    lines = [
+        f"Family: {len(claims)} claims, {tested} tested (the others invalid by their gates); "
+        "the last column decides them under Holm's correction at family-wise 95% (two-sided "
+        "p of each verdict's t-test, `normlab.analysis.stats.p_value`).  ",
+        f"Seeds: {initial} first; `planned` is the n whose interval would clear the nearest "
+        f"bound at the first {initial} seeds' mean and SD (`stats.seeds_needed`), run up to a cap "
+        f"of {cap} (`reproduce.py NAME --decide`).  ",
+        "Source: `paper`, the paper states it (its number quoted); `ours`, a threshold or "
+        "quantity of this suite (why below): a verdict on it is on this suite's test, not on "
+        "the paper.",
+        "",
+        markdown_table(columns, rows),
+        "",
+        "Rules (in code: `normlab.analysis`; the rule each verdict was decided by):",
+        "",
+    ]
+    for c in claims:
+        why = f" Ours because: {c.why}." if c.source == "ours" else ""
+        lines.append(f"- *{c.claim}*: {c.rule}.{why}")
     methods = dict.fromkeys(c.ci_method for c in claims) or {stats.CI_METHOD: None}
     lines += ["", f"CI: {'; '.join(methods)}.", ""]
     return "\n".join(lines)
@@ -260,13 +344,16 @@ def jobs_table(jobs: pd.DataFrame) -> str:
 
 def write_evidence(
     result: Result, out_dir: Path, name: str, title: str, command: str, budget: str,
-    jobs: pd.DataFrame,
+    jobs: pd.DataFrame, initial: int = 3, cap: int = 12,
 ) -> dict[str, Path]:  # fmt: skip
     """Write NAME.png, .svg, .md and .claims.csv from an analysed runs.csv (no run logs read)."""
     paths = evidence_paths(out_dir, name)
     out_dir.mkdir(parents=True, exist_ok=True)
     text = _figure_and_header(result, paths, name, title, command, budget)
-    claims = pd.DataFrame([c.row() for c in result.claims])
+    decisions = gates.decide(result.claims, result.gates, initial, cap)
+    claims = pd.DataFrame(
+        [decided_row(c, d) for c, d in zip(result.claims, decisions, strict=True)]
+    )
     claims.to_csv(paths["claims"], index=False, float_format=FLOAT)
     times = jobs["wall_time_s"].dropna()
     versions = sorted({str(v) for v in jobs["code_version"].dropna()})
@@ -279,9 +366,12 @@ def write_evidence(
         f"Data: [{name}/runs.csv]({name}/runs.csv) holds every number below; "
         f"`python scripts/reproduce.py {name} --redraw` redraws all from it",
         "",
+        "## Gates",
+        "",
+        gates_table(result.gates),
         "## Claims",
         "",
-        claims_table(result.claims),
+        claims_table(result.claims, decisions, initial, cap),
     ]
     if result.notes:
         text += ["## Notes", ""] + [f"- {n}" for n in result.notes] + [""]

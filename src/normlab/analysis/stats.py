@@ -118,3 +118,74 @@ def region_text(region: tuple[float, float]) -> tuple[str, str]:
 
 ABOVE = math.inf  # readability: region=(2.0, ABOVE) is "above 2"
 BELOW = -math.inf
+
+
+# ----- seeds to a decision, p-values and Holm's correction ---------------------------------------
+
+
+def _side_distance(mean: float, region: tuple[float, float]) -> float:
+    """How far the mean lies from the bound the interval has to clear: inside the region, the
+    nearer bound (to hold, the interval must fit inside); outside, the nearer bound too (to not
+    hold, the interval must stay outside)."""
+    lo, hi = region
+    return min(abs(mean - b) for b in (lo, hi) if math.isfinite(b))
+
+
+def seeds_needed(
+    values: Sequence[float], region: tuple[float, float], log: bool = False, limit: int = 10_000
+) -> int | None:
+    """The smallest n whose 95% t-interval, at the observed mean and SD of `values`, clears the
+    bound nearest the mean: n with t(0.975, n-1) * sd / sqrt(n) < distance. None when fewer than
+    2 finite values, or when no n up to `limit` does (the mean sits on a bound)."""
+    x = np.asarray(list(values), dtype=float)
+    if log:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            x = np.log(x)
+        region = tuple(math.log(b) if b > 0 else -math.inf for b in region)  # type: ignore
+    if len(x) < 2 or not np.all(np.isfinite(x)):
+        return None
+    distance, sd = _side_distance(float(x.mean()), region), float(x.std(ddof=1))
+    if sd == 0.0:
+        return len(x) if distance > 0 else None
+    for n in range(2, limit + 1):
+        if float(scipy_stats.t.ppf(0.5 + LEVEL / 2, n - 1)) * sd / math.sqrt(n) < distance:
+            return n
+    return None
+
+
+def p_value(values: Sequence[float], region: tuple[float, float], log: bool = False) -> float:
+    """Two-sided p-value of the verdict: 2 x the one-sided p of the side the mean lies on (inside
+    the region: the larger of the two one-sided t-tests against its finite bounds, as TOST does;
+    outside: the t-test against the nearer bound). p < 0.05 exactly when the 95% CI decides."""
+    x = np.asarray(list(values), dtype=float)
+    if log:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            x = np.log(x)
+        region = tuple(math.log(b) if b > 0 else -math.inf for b in region)  # type: ignore
+    if len(x) < 2 or not np.all(np.isfinite(x)):
+        return math.nan
+    n, mean, sd = len(x), float(x.mean()), float(x.std(ddof=1))
+    lo, hi = region
+    if sd == 0.0:
+        return 0.0 if lo < mean < hi or mean < lo or mean > hi else 1.0
+    se = sd / math.sqrt(n)
+    t = scipy_stats.t(n - 1)
+    if lo <= mean <= hi:  # toward holding: both finite bounds cleared
+        p_one = max(float(t.sf((mean - lo) / se)) if math.isfinite(lo) else 0.0,
+                    float(t.cdf((mean - hi) / se)) if math.isfinite(hi) else 0.0)  # fmt: skip
+    else:  # toward not holding: beyond the nearer bound
+        bound = lo if mean < lo else hi
+        p_one = float(t.sf(abs(mean - bound) / se))
+    return min(1.0, 2.0 * p_one)
+
+
+def holm(p_values: Sequence[float], alpha: float = 1 - LEVEL) -> list[bool]:
+    """Holm's step-down procedure: which hypotheses are rejected at family-wise level alpha
+    (NaN p-values are not in the family and never rejected)."""
+    tested = sorted((p, i) for i, p in enumerate(p_values) if not math.isnan(p))
+    rejected = [False] * len(p_values)
+    for rank, (p, i) in enumerate(tested):
+        if p > alpha / (len(tested) - rank):
+            break
+        rejected[i] = True
+    return rejected

@@ -8,6 +8,7 @@ finished row for its overrides with the same resolved config and training-code v
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import subprocess
@@ -18,6 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
+import yaml
 from omegaconf import OmegaConf
 
 from normlab import fid_train
@@ -46,6 +48,7 @@ class Grid:
     overrides: tuple[str, ...] = ()
     quick: tuple[str, ...] = ()
     seeds: int | None = None  # its own seed count under the full budget, whatever --seeds says
+    arm: str = ""  # the arm its jobs run as (`arm=` in overrides; may interpolate swept keys)
 
     def seed_count(self, seeds: int | None, quick: bool) -> int | None:
         """How many seeds the grid runs: its own count under the full budget, else --seeds'
@@ -74,10 +77,9 @@ class Reproduction:
 
     name: str
     title: str
-    grids: tuple[Grid, ...]
+    grids: tuple[Grid, ...]  # one per (declared grid, arm): one multirun each
     full: Budget
     quick: Budget
-    arm: Callable[[Run], str]  # the arm a job belongs to (its seed aside)
     extract: Callable[[list[Run]], pd.DataFrame]
     render: Callable[[pd.DataFrame], Result]
     max_jobs: int | None = None  # cap on parallel jobs (timing sweeps run one job at a time)
@@ -86,6 +88,8 @@ class Reproduction:
     finish: Callable[[list[Run], int, Path], None] | None = None
     # grids whose arms are norms: `reproduce.py NAME --norm X` adds X as an arm of each
     norm_grids: tuple[str, ...] = ()
+    initial_seeds: int = 3  # seeds run first
+    seed_cap: int = 12  # the most seeds `--decide` runs for a claim still undecided
 
     def budget(self, quick: bool) -> Budget:
         return self.quick if quick else self.full
@@ -108,12 +112,69 @@ class Reproduction:
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", norm):
             raise ValueError(f"--norm must be a registered norm's name, got {norm!r}")
         extra = ("norm=custom", f"norm.name={norm}", *([f"plugins=[{plugin}]"] if plugin else ()))
+        firsts = {g.name: g for g in reversed(self.grids) if g.name in self.norm_grids}
         added = tuple(
-            replace(g, name=f"{g.name}-{norm}", overrides=(*g.overrides, *extra))
-            for g in self.grids
-            if g.name in self.norm_grids
-        )
+            arm_grid(replace(g, name=f"{g.name}-{norm}", overrides=(*_own(g), *extra)),
+                     f"{g.name}/{norm}")
+            for g in firsts.values()
+        )  # fmt: skip
         return replace(self, grids=self.grids + added)
+
+
+def _own(g: Grid) -> tuple[str, ...]:
+    """A grid's overrides without its arm's name."""
+    return tuple(o for o in g.overrides if not o.startswith("arm="))
+
+
+def arm_grid(g: Grid, arm: str, overrides: tuple[str, ...] = ()) -> Grid:
+    """The multirun of one arm of a declared grid: the grid's overrides, the arm's, `arm=NAME`."""
+    return replace(g, overrides=(*_own(g), *overrides, f"arm={arm}"), arm=arm)
+
+
+# ----- declarations: conf/reproduce/NAME.yaml ---------------------------------------------------
+
+DECLARED = REPO / "conf" / "reproduce"
+
+
+def _function(path: str, module: str) -> Callable:
+    """`name` from the analysis module, or a dotted `package.module.name`."""
+    mod, _, attr = path.rpartition(".") if "." in path else (module, "", path)
+    return getattr(importlib.import_module(mod), attr)
+
+
+def load(path: Path) -> Reproduction:
+    """A reproduction from its declaration: grids x arms, budgets, seeds, and the analysis
+    module's extract and render (and optional prepare/finish)."""
+    spec = yaml.safe_load(path.read_text())
+    module = importlib.import_module(spec["analysis"])
+    grids = []
+    for name, g in spec["grids"].items():
+        base = Grid(name if name != "main" else "", g["experiment"], tuple(g.get("overrides", ())),
+                    tuple(g.get("quick", ())), g.get("seeds"))  # fmt: skip
+        grids += [arm_grid(base, arm, tuple(o)) for arm, o in g["arms"].items()]
+    budgets = {k: Budget(tuple(b.get("overrides", ())), b["text"])
+               for k, b in spec["budgets"].items()}  # fmt: skip
+    hooks = {k: _function(spec[k], spec["analysis"]) for k in ("prepare", "finish") if k in spec}
+    return Reproduction(
+        name=path.stem,
+        title=spec["title"],
+        grids=tuple(grids),
+        full=budgets["full"],
+        quick=budgets["quick"],
+        extract=module.extract,
+        render=getattr(module, spec.get("render", "render")),
+        max_jobs=spec.get("max_jobs"),
+        norm_grids=tuple(spec.get("norm_grids", ())),
+        initial_seeds=spec.get("seeds", {}).get("initial", 3),
+        seed_cap=spec.get("seeds", {}).get("cap", 12),
+        **hooks,
+    )
+
+
+def declared(conf: Path = DECLARED) -> dict[str, Reproduction]:
+    """Every reproduction declared under conf/reproduce, in their `order`."""
+    paths = sorted(conf.glob("*.yaml"), key=lambda p: (yaml.safe_load(p.read_text())["order"], p))
+    return {p.stem: load(p) for p in paths}
 
 
 def seed_override(seeds: int | None) -> tuple[str, ...]:
@@ -236,11 +297,11 @@ def runs(repro: Reproduction, quick: bool, root: Path, seeds: int | None = None)
     return found
 
 
-def jobs_frame(runs: list[Run], arm: Callable[[Run], str]) -> pd.DataFrame:
+def jobs_frame(runs: list[Run]) -> pd.DataFrame:
     """One row per job: arm, seed, status, error, wall time, reused, code version, overrides."""
     rows = [
         {
-            "arm": arm(r),
+            "arm": r.arm,
             "seed": int(r.get("seed")),
             "status": r.status,
             "error": r.error,

@@ -16,7 +16,9 @@ class MLP(nn.Module):
     """fc 100 -> fc 100 -> fc 100 -> fc 10 on flattened images, norms from the registry.
 
     The BN paper's network: 3 hidden layers of 100 sigmoid units, each fc layer followed by
-    BatchNorm (or by nothing, its baseline); `hidden` sets the widths. The image is flattened in
+    BatchNorm (or by nothing, its baseline); `hidden` sets the widths. `init_std` draws every fc
+    weight from N(0, init_std^2) with zero biases, the paper's "small random Gaussian values"
+    (None: PyTorch's default init). The image is flattened in
     forward, so `layers` holds only fc<i>, norm<i>, act<i> and out. Features are (N, C): a norm
     that needs spatial extent (instancenorm) has nothing to normalize over and fails here.
     """
@@ -29,6 +31,7 @@ class MLP(nn.Module):
         hidden: Sequence[int] = (100, 100, 100),
         activation: str = "sigmoid",
         num_classes: int = 10,
+        init_std: float | None = None,
     ):
         super().__init__()
         if activation not in ACTIVATIONS:
@@ -56,6 +59,15 @@ class MLP(nn.Module):
             width = features
         layers["out"] = nn.Linear(width, num_classes)  # the last act's output: penultimate feature
         self.layers = nn.Sequential(layers)
+        if init_std is not None:
+            if not init_std > 0:
+                raise ConfigError(
+                    f"model.net.init_std={init_std!r}: need a positive number or null"
+                )
+            for module in self.layers:
+                if isinstance(module, nn.Linear):  # the paper's init, the baseline's too
+                    nn.init.normal_(module.weight, std=init_std)
+                    nn.init.zeros_(module.bias)
 
     def forward(self, x):
         return self.layers(x.flatten(1))  # (B, 1, 28, 28) -> (B, num_classes)

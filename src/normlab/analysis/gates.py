@@ -1,0 +1,245 @@
+"""Validity gates and the decision on a reproduction's claims, shared by every reproduction.
+
+Before a claim is read, its arms answer a reviewer's first questions, from runs.csv alone:
+- trained: each seed's final val loss lies further than TRAINED_MARGIN below the trivial
+  predictor's loss (ln 10 for 10 classes, the unigram loss for a character LM);
+- converged (for claims that compare final values): each seed's train loss improved by less
+  than CONVERGED_GAIN over the last 20% of its steps (the mean of the logged losses in the
+  last 10% of steps against the mean of those in the 10% before the last 20%: a window each, so
+  one noisy step does not decide);
+- not saturated (for quantities with a ceiling): each seed's value stays below the ceiling.
+A failed gate makes the claims that read the arm `invalid: <arm> did not train` (or `still
+improving`, `saturated`): the number is shown, never read as a gap. Then, per claim: the seeds
+its interval needs (planned from the first seeds' paired SD), and the family's verdicts under
+Holm's correction.
+
+runs.csv rows the gates read (metric names; `gate_rows` writes them from a job's logs):
+- gate/train_loss (x = step), gate/val_loss (x = step, the last logged), gate/trivial_loss;
+- gate/value and gate/ceiling for the not-saturated gate (written by the analysis itself).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import pandas as pd
+
+from normlab.analysis import stats
+from normlab.analysis.logs import Run
+
+TRAINED_MARGIN = 0.05  # "did not train": final val loss >= (1 - 5%) x the trivial loss
+CONVERGED_GAIN = 0.02  # "still improving": the last 20% of steps improved the loss by >= 2%
+WORDS = {"trained": "did not train", "converged": "still improving",
+         "not saturated": "saturated"}  # fmt: skip
+RULES = {
+    "trained": f"each seed's final val loss below {1 - TRAINED_MARGIN:g} x the trivial "
+    "predictor's (ln 10 for 10 classes; the unigram loss of a character LM)",
+    "converged": f"each seed's train loss improved by less than {CONVERGED_GAIN:.0%} over its "
+    "last 20% of steps (mean of the logged losses in the last 10% of steps vs. in the 10% "
+    "before the last 20%)",
+    "not saturated": "each seed's value below the quantity's ceiling",
+}
+
+
+@dataclass(frozen=True)
+class Gate:
+    """One gate of one arm: passed (True/False) or not measured (None), with what was measured."""
+
+    arm: str
+    gate: str  # trained | converged | not saturated
+    passed: bool | None
+    measured: str
+
+    @property
+    def status(self) -> str:
+        if self.passed is None:
+            return "not measured"
+        return "pass" if self.passed else f"FAIL: {WORDS[self.gate]}"
+
+
+# ----- runs.csv rows from a job's logs ---------------------------------------------------------
+
+
+@cache
+def unigram_loss(path: str, val_fraction: float = 0.1) -> float:
+    """The cross-entropy (nats) on the val split of the best context-free predictor: each
+    character's frequency in the training split (the split of normlab.data.shakespeare)."""
+    text = Path(path).read_text()
+    cut = int(len(text) * (1 - val_fraction))
+    train, val = Counter(text[:cut]), Counter(text[cut:])
+    total_train, total_val = sum(train.values()), sum(val.values())
+    # a character absent from the training split has no probability: it cannot be predicted
+    return -sum(k / total_val * math.log(train[c] / total_train) for c, k in val.items()
+                if train[c])  # fmt: skip
+
+
+def trivial_loss(run: Run) -> float:
+    """The trivial predictor's loss for a job's data: ln(classes), or the unigram loss."""
+    target = str(run.setting("data._target_", ""))
+    if "Shakespeare" not in target:  # the image data sets: 10 classes
+        return math.log(10)
+    root = Path(str(run.setting("data.root")))
+    return unigram_loss(str(root / "tinyshakespeare" / "input.txt"),
+                        float(run.setting("data.val_fraction", 0.1)))  # fmt: skip
+
+
+def gate_rows(run: Run, arm: str, seed: int) -> list[tuple]:
+    """The rows the trained and converged gates read, from one job's metrics.csv."""
+    rows = [(arm, seed, math.nan, "gate/trivial_loss", trivial_loss(run))]
+    for key in ("train/loss_step", "train/loss"):
+        curve = run.series(key)
+        if len(curve):
+            rows += [(arm, seed, float(s), "gate/train_loss", float(v))
+                     for s, v in zip(curve["step"], curve[key], strict=True)]  # fmt: skip
+            break
+    val = run.series("val/loss")
+    if len(val):
+        rows.append((arm, seed, float(val["step"].iloc[-1]), "gate/val_loss",
+                     float(val["val/loss"].iloc[-1])))  # fmt: skip
+    return rows
+
+
+# ----- the gates, from runs.csv ----------------------------------------------------------------
+
+
+def late_gain(curve: pd.Series) -> float:
+    """Relative improvement of a loss curve (indexed by step) over its last 20% of steps: the
+    mean over steps in (70%, 80%] of the last step against the mean over (90%, 100%]."""
+    last = float(curve.index.max())
+    before = curve[(curve.index > 0.7 * last) & (curve.index <= 0.8 * last)]
+    end = curve[curve.index > 0.9 * last]
+    if not len(before) or not len(end):
+        return math.nan
+    return (float(before.mean()) - float(end.mean())) / float(before.mean())
+
+
+def _seeds(data: pd.DataFrame, arm: str, metric: str) -> pd.DataFrame:
+    return data[(data["arm"] == arm) & (data["metric"] == metric)]
+
+
+def trained(data: pd.DataFrame, arm: str) -> Gate:
+    val, trivial = _seeds(data, arm, "gate/val_loss"), _seeds(data, arm, "gate/trivial_loss")
+    if val.empty or trivial.empty:
+        return Gate(arm, "trained", None, "no val loss in runs.csv")
+    ref = float(trivial["value"].iloc[0])
+    final = val.groupby("seed")["value"].last()
+    stuck = int((final >= (1 - TRAINED_MARGIN) * ref).sum())
+    return Gate(arm, "trained", stuck == 0,
+                f"final val loss {final.min():.3f}-{final.max():.3f} vs trivial {ref:.3f}; "
+                f"{stuck} of {len(final)} seeds within {TRAINED_MARGIN:.0%}")  # fmt: skip
+
+
+def converged(data: pd.DataFrame, arm: str) -> Gate:
+    curves = _seeds(data, arm, "gate/train_loss")
+    if curves.empty:
+        return Gate(arm, "converged", None, "no train-loss curve in runs.csv")
+    gains = curves.groupby("seed").apply(
+        lambda g: late_gain(g.set_index("x")["value"]), include_groups=False
+    )
+    if gains.isna().any():
+        return Gate(arm, "converged", None, "too few logged train losses for the rule")
+    still = int((gains >= CONVERGED_GAIN).sum())
+    return Gate(arm, "converged", still == 0,
+                f"late gain {gains.min():+.1%} to {gains.max():+.1%}; {still} of {len(gains)} "
+                "seeds still improving")  # fmt: skip
+
+
+def not_saturated(data: pd.DataFrame, arm: str) -> Gate:
+    value, ceiling = _seeds(data, arm, "gate/value"), _seeds(data, arm, "gate/ceiling")
+    if value.empty or ceiling.empty:
+        return Gate(arm, "not saturated", None, "no ceiling for this quantity")
+    at = value.merge(ceiling, on=["seed", "x"], suffixes=("", "_ceiling"))
+    hit = int((at["value"] >= at["value_ceiling"]).sum())
+    ratio = (at["value"] / at["value_ceiling"]).max()
+    return Gate(arm, "not saturated", hit == 0,
+                f"up to {ratio:.2f} x the ceiling; {hit} of {len(at)} values at it")  # fmt: skip
+
+
+def gates(data: pd.DataFrame, arms: list[str]) -> list[Gate]:
+    """Every gate of every arm that has the rows it reads (a gate with none is left out)."""
+    found = []
+    for arm in arms:
+        for gate in (trained(data, arm), converged(data, arm), not_saturated(data, arm)):
+            if gate.passed is not None or gate.gate != "not saturated":
+                found.append(gate)
+    return found
+
+
+# ----- the decision: gates, seeds to a decision, Holm ------------------------------------------
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the md and claims.csv say of a claim after its gates, planned seeds and Holm."""
+
+    verdict: str
+    holm: str
+    planned_n: int | None
+    p_value: float
+    gates: str
+
+
+def _failed(claim, found: list[Gate]) -> list[Gate]:
+    wanted = {"trained", "not saturated"} | ({"converged"} if claim.final else set())
+    return [g for g in found if g.arm in claim.arms and g.gate in wanted and g.passed is False]
+
+
+def _values(claim) -> tuple[list[float], tuple[float, float], bool] | None:
+    """The per-seed values, region and scale a claim is decided on (None: an interval computed
+    elsewhere, as a bootstrap)."""
+    if hasattr(claim, "parts"):
+        if not claim.parts:
+            return None
+        part = claim.parts[claim.deciding]
+        return part.values, part.region, part.log
+    if hasattr(claim, "values"):
+        return claim.values, claim.region, claim.log
+    return None
+
+
+def _p(claim) -> float:
+    if hasattr(claim, "parts"):  # any of k parts: Bonferroni within the claim
+        ps = [stats.p_value(p.values, p.region, p.log) for p in claim.parts.values()]
+        ps = [p for p in ps if not math.isnan(p)]
+        return min(1.0, min(ps) * len(claim.parts)) if ps else math.nan
+    if hasattr(claim, "values"):
+        return stats.p_value(claim.values, claim.region, claim.log)
+    return math.nan
+
+
+def _side(claim) -> str:
+    interval, (lo, hi) = (
+        claim.interval,
+        claim.region if hasattr(claim, "region") else (claim.parts[claim.deciding].region),
+    )
+    return stats.HOLDS if lo <= interval.mean <= hi else stats.FAILS
+
+
+def decide(claims: list, found: list[Gate], initial: int, cap: int) -> list[Decision]:
+    """Per claim: its verdict after the gates; the seeds its interval needs, planned from its
+    first `initial` values (seeds in order) and capped at `cap`; the verdict under Holm's
+    correction over the claims that passed their gates (family-wise 95%)."""
+    failed = [_failed(c, found) for c in claims]
+    ps = [math.nan if f else _p(c) for c, f in zip(claims, failed, strict=True)]
+    rejected = stats.holm(ps)
+    out = []
+    for claim, fail, p, rej in zip(claims, failed, ps, rejected, strict=True):
+        gate_text = "; ".join(f"{g.arm} {WORDS[g.gate]}" for g in fail)
+        picked = _values(claim)
+        planned = (None if picked is None else
+                   stats.seeds_needed(picked[0][:initial], picked[1], picked[2]))  # fmt: skip
+        verdict = claim.verdict
+        if fail:
+            verdict = holm = f"invalid: {gate_text}"
+        elif math.isnan(p):
+            holm = "n/a (interval not from seeds)" if picked is None else verdict
+        else:
+            holm = _side(claim) if rej else stats.UNDECIDED
+        if not fail and verdict.startswith("undecided") and planned and planned > cap:
+            verdict = f"{verdict}; needs ~{planned} seeds (cap {cap})"
+        out.append(Decision(verdict, holm, planned, p, gate_text or "pass"))
+    return out

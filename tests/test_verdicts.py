@@ -1,0 +1,221 @@
+"""The decision on a reproduction's claims: gates, provenance, seeds to a decision, Holm."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats as scipy_stats
+
+from normlab.analysis import gates, report, stats, sweep
+from normlab.analysis.logs import Run
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def claim(values, region=(0.0, stats.ABOVE), **kw) -> report.Claim:
+    kw.setdefault("source", "paper")
+    return report.Claim("c", "p", "q", list(values), region, **kw)
+
+
+# ----- seeds to a decision ---------------------------------------------------------------------
+
+
+def test_seeds_needed_is_the_least_n_whose_interval_clears_the_nearest_bound():
+    values = [1.0, 1.5, 0.7]  # mean 1.0667, sd 0.4041
+    n = stats.seeds_needed(values, (0.0, stats.ABOVE))
+    sd, mean = np.std(values, ddof=1), np.mean(values)
+
+    def half(k: int) -> float:
+        return scipy_stats.t.ppf(0.975, k - 1) * sd / math.sqrt(k)
+
+    assert half(n) < mean <= half(n - 1)
+    assert n == 3 and stats.Interval.of(values).low > 0  # 3 seeds decide it already
+    # a mean close to the bound needs many seeds; one on it, none
+    assert stats.seeds_needed([0.1, 0.5, -0.2], (0.0, stats.ABOVE)) == 30
+    assert stats.seeds_needed([-1.0, 0.0, 1.0], (0.0, stats.ABOVE)) is None
+    # a band: the nearer of its bounds; a ratio: on the log scale
+    assert stats.seeds_needed([0.4, 0.5, 0.6], (-1.0, 1.0)) == 3  # t(0.975, 1) = 12.7: not 2
+    assert stats.seeds_needed([2.0, 2.2, 1.8], (1.0, stats.ABOVE), log=True) == 3
+    assert stats.seeds_needed([1.0], (0.0, stats.ABOVE)) is None
+
+
+@pytest.mark.parametrize(
+    "values, region",
+    [
+        ([1.0, 1.5, 0.7], (0.0, stats.ABOVE)),
+        ([0.1, 0.5, -0.2], (0.0, stats.ABOVE)),
+        ([-2.0, -2.5, -1.9, -2.2], (0.0, stats.ABOVE)),
+        ([0.1, -0.1, 0.05], (-0.5, 0.5)),
+        ([0.45, 0.55, 0.6], (-0.5, 0.5)),
+        ([1.2, 1.3, 1.25], (-0.5, 0.5)),
+    ],
+)
+def test_p_value_decides_exactly_when_the_95_interval_does(values, region):
+    verdict = stats.verdict(stats.Interval.of(values), region)
+    assert (stats.p_value(values, region) < 0.05) == (verdict != stats.UNDECIDED)
+
+
+def test_holm_rejects_step_down_and_leaves_nan_out_of_the_family():
+    assert stats.holm([0.01, 0.04, 0.03]) == [True, False, False]  # 0.03 > 0.05 / 2
+    assert stats.holm([0.01, 0.02, 0.03]) == [True, True, True]  # 0.02 < 0.05/2, 0.03 < 0.05
+    assert stats.holm([0.01, math.nan]) == [True, False]  # a family of one
+    assert stats.holm([0.2, 0.01]) == [False, True]
+
+
+# ----- provenance ------------------------------------------------------------------------------
+
+
+def test_a_claim_must_say_where_it_comes_from():
+    with pytest.raises(ValueError, match="source must be one of"):
+        report.Claim("c", "p", "q", [1.0], (0.0, stats.ABOVE))
+    with pytest.raises(ValueError, match="says why"):
+        report.Claim("c", "p", "q", [1.0], (0.0, stats.ABOVE), source="ours")
+    row = claim([1.0, 2.0], source="ours", why="a threshold of ours").row()
+    assert row["provenance"] == "ours: a threshold of ours"
+
+
+# ----- gates -----------------------------------------------------------------------------------
+
+
+def _rows(arm: str, seed: int, losses: list[float], val: float, trivial: float) -> list[tuple]:
+    rows = [(arm, seed, float(10 * i), "gate/train_loss", v) for i, v in enumerate(losses)]
+    return rows + [(arm, seed, 10.0 * len(losses), "gate/val_loss", val),
+                   (arm, seed, math.nan, "gate/trivial_loss", trivial)]  # fmt: skip
+
+
+def _data(*rows) -> pd.DataFrame:
+    return pd.DataFrame([r for rs in rows for r in rs], columns=report.RUNS_COLUMNS)
+
+
+FLAT = [2.0] * 5 + [1.0] * 15  # plateaued well before the end
+FALLING = list(np.linspace(2.0, 0.5, 20))  # still falling at the end: 0.64 -> 0.5 over 20%
+
+
+def test_trained_gate_fails_an_arm_at_the_trivial_loss_on_any_seed():
+    ln10 = math.log(10)
+    data = _data(_rows("ok", 0, FLAT, 0.9, ln10), _rows("stuck", 0, FLAT, 0.9, ln10),
+                 _rows("stuck", 1, FLAT, 0.99 * ln10, ln10))  # fmt: skip
+    assert gates.trained(data, "ok").passed is True
+    stuck = gates.trained(data, "stuck")
+    assert stuck.passed is False and "1 of 2 seeds" in stuck.measured
+    assert stuck.status == "FAIL: did not train"
+    assert gates.trained(data, "absent").passed is None
+
+
+def test_converged_gate_reads_the_last_fifth_of_the_train_loss():
+    data = _data(_rows("flat", 0, FLAT, 0.9, 2.3), _rows("falling", 0, FALLING, 0.9, 2.3))
+    assert gates.converged(data, "flat").passed is True
+    falling = gates.converged(data, "falling")
+    assert falling.passed is False and falling.status == "FAIL: still improving"
+    curve = pd.Series(FALLING, index=[10.0 * i for i in range(20)])
+    before = np.mean([v for s, v in curve.items() if 0.7 * 190 < s <= 0.8 * 190])
+    end = np.mean([v for s, v in curve.items() if s > 0.9 * 190])
+    assert gates.late_gain(curve) == pytest.approx((before - end) / before)
+
+
+def test_not_saturated_gate_compares_each_value_with_its_ceiling():
+    rows = [("a", 0, 6.0, "gate/value", 0.5), ("a", 0, 6.0, "gate/ceiling", 1.0),
+            ("b", 0, 6.0, "gate/value", 1.0), ("b", 0, 6.0, "gate/ceiling", 1.0)]  # fmt: skip
+    data = pd.DataFrame(rows, columns=report.RUNS_COLUMNS)
+    assert gates.not_saturated(data, "a").passed is True
+    assert gates.not_saturated(data, "b").status == "FAIL: saturated"
+
+
+def test_unigram_loss_is_the_cross_entropy_of_training_frequencies(tmp_path: Path):
+    path = tmp_path / "t.txt"
+    path.write_text("aab" * 30 + "ab" * 5)  # val: the last 10% = 10 characters "ababababab"
+    train = "aab" * 30
+    p = {c: train.count(c) / len(train) for c in "ab"}
+    expected = -(0.5 * math.log(p["a"]) + 0.5 * math.log(p["b"]))
+    assert gates.unigram_loss(str(path)) == pytest.approx(expected)
+
+
+def test_gate_rows_come_from_a_jobs_logs(tmp_path: Path):
+    metrics = pd.DataFrame(
+        [{"step": 9, "train/loss_step": 2.0}, {"step": 19, "train/loss_step": 1.0},
+         {"step": 19, "val/loss": 1.2}]
+    )  # fmt: skip
+    run = Run({"seed": "0"}, "ok", tmp_path, metrics=metrics)  # no config: 10 classes
+    rows = pd.DataFrame(gates.gate_rows(run, "a", 0), columns=report.RUNS_COLUMNS)
+    assert rows[rows.metric == "gate/trivial_loss"]["value"].item() == pytest.approx(math.log(10))
+    assert rows[rows.metric == "gate/train_loss"]["value"].tolist() == [2.0, 1.0]
+    assert rows[rows.metric == "gate/val_loss"]["value"].item() == 1.2
+
+
+# ----- the decision ----------------------------------------------------------------------------
+
+
+def test_a_failed_gate_makes_the_claims_that_read_the_arm_invalid():
+    found = [gates.Gate("a", "trained", False, ""), gates.Gate("b", "converged", False, ""),
+             gates.Gate("c", "trained", True, "")]  # fmt: skip
+    claims = [claim([1.0, 1.1, 0.9], arms=("a", "c")), claim([1.0, 1.1, 0.9], arms=("b",)),
+              claim([1.0, 1.1, 0.9], arms=("b",), final=True), claim([1.0, 1.1, 0.9])]  # fmt: skip
+    d = gates.decide(claims, found, initial=3, cap=12)
+    assert d[0].verdict == d[0].holm == "invalid: a did not train"
+    assert d[1].verdict == stats.HOLDS  # converged matters only where final values compare
+    assert d[2].verdict == "invalid: b still improving" and math.isnan(d[2].p_value)
+    assert d[3].verdict == stats.HOLDS and d[3].gates == "pass"
+
+
+def test_holm_column_corrects_over_the_tested_claims_only():
+    # alone, each holds (p < 0.05); as a family of three, Holm keeps only the smallest p
+    values = [[0.6, 1.0, 0.7, 0.4], [0.4, 0.9, 0.6, 0.3], [0.3, 0.8, 0.5, 0.2]]
+    claims = [claim(v) for v in values]
+    ps = [stats.p_value(v, (0.0, stats.ABOVE)) for v in values]
+    assert all(p < 0.05 for p in ps) and ps[0] < 0.05 / 3 and ps[1] > 0.05 / 2
+    d = gates.decide(claims, [], initial=3, cap=12)
+    assert [x.verdict for x in d] == [stats.HOLDS] * 3
+    assert [x.holm for x in d] == [stats.HOLDS, stats.UNDECIDED, stats.UNDECIDED]
+
+
+def test_an_undecided_claim_says_the_seeds_it_needs_beyond_the_cap():
+    d = gates.decide([claim([0.1, 0.5, -0.2])], [], initial=3, cap=12)[0]
+    assert d.planned_n == 30 and d.verdict.endswith("needs ~30 seeds (cap 12)")
+    d = gates.decide([claim([0.1, 0.5, -0.2])], [], initial=3, cap=40)[0]
+    assert d.verdict == stats.UNDECIDED  # within the cap: --decide runs them
+
+
+def test_planned_seeds_come_from_the_first_seeds_only():
+    first, more = [1.0, 1.5, 0.7], [1.0, 1.5, 0.7, 5.0, -3.0]
+    assert gates.decide([claim(more)], [], 3, 12)[0].planned_n == stats.seeds_needed(
+        first, (0.0, stats.ABOVE)
+    )
+
+
+def test_seeds_to_decide_runs_the_most_any_undecided_claim_plans_up_to_the_cap(tmp_path):
+    import importlib
+    import sys
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    script = importlib.import_module("reproduce")
+    path = tmp_path / "c.claims.csv"
+    rows = [("undecided (within noise)", 7.0), ("holds", 40.0), ("undecided (within noise)", 5.0)]
+    pd.DataFrame(rows, columns=["verdict", "planned_seeds"]).to_csv(path, index=False)
+    assert script.seeds_to_decide(path, cap=12) == 7
+    assert script.seeds_to_decide(path, cap=6) == 6
+    pd.DataFrame([("holds", 3.0)], columns=["verdict", "planned_seeds"]).to_csv(path, index=False)
+    assert script.seeds_to_decide(path, cap=12) is None
+
+
+# ----- declared reproductions ------------------------------------------------------------------
+
+
+def test_every_declared_reproduction_loads_with_its_arms_named_in_the_overrides():
+    declared = sweep.declared()
+    assert declared and all(r.grids for r in declared.values())
+    for repro in declared.values():
+        for g in repro.grids:
+            assert g.arm and g.overrides[-1] == f"arm={g.arm}"
+        assert 2 <= repro.initial_seeds <= repro.seed_cap
+
+
+def test_an_arms_name_interpolates_the_keys_its_grid_sweeps(compose, tmp_path):
+    repro = sweep.declared()["ln_placement"]
+    warmup = next(g for g in repro.grids if g.name == "warmup")
+    cfg = compose([f"experiment={warmup.experiment}", *warmup.overrides, "placement=post",
+                   "optim.optimizer.lr=0.002", "optim.warmup_steps=0"], tmp_path)  # fmt: skip
+    assert cfg.arm == "post/lr0.002/w0"
