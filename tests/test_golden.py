@@ -1,8 +1,9 @@
 """Golden losses: the first 20 training losses of LeNet, the GPT, the LSTM and the DiT at seed 0,
 bit for bit, against tests/golden/losses.json.
 
-The file is written by this module, never by hand: `python tests/test_golden.py --regen` runs the
-four configs and stores each loss as the hex float of its float32 value. A change that moves any
+The file is written by this module, never by hand: `python tests/test_golden.py --regen [NAME ...]`
+runs the four configs (or the named ones, keeping the others' entries) and stores each loss as
+the hex float of its float32 value. A change that moves any
 of these losses (a norm's arithmetic, an init, the data order, the optimizer) fails here; when
 it is meant to, regenerate the file and say why in the commit.
 """
@@ -77,15 +78,21 @@ def first_losses(overrides: list[str], run_dir: Path) -> list[float]:
     return recorder.losses
 
 
-def regenerate() -> dict[str, list[str]]:
-    """Run every entry of RUNS and write GOLDEN: {name: [hex float of each loss]}."""
-    runs = {}
-    for name, overrides in RUNS.items():
+def regenerate(names: list[str]) -> dict[str, list[str]]:
+    """Run the entries `names` of RUNS (all when empty) and write their losses into GOLDEN,
+    {name: [hex float of each loss]}, keeping the other entries; return the new ones."""
+    unknown = set(names) - set(RUNS)
+    if unknown:
+        raise SystemExit(f"unknown runs {sorted(unknown)}; the runs are {list(RUNS)}")
+    runs = json.loads(GOLDEN.read_text()) if names and GOLDEN.is_file() else {}
+    new = {}
+    for name in names or RUNS:
         with tempfile.TemporaryDirectory() as tmp:
-            runs[name] = [x.hex() for x in first_losses(overrides, Path(tmp))]
+            new[name] = [x.hex() for x in first_losses(RUNS[name], Path(tmp))]
+    runs.update(new)
     GOLDEN.parent.mkdir(exist_ok=True)
-    GOLDEN.write_text(json.dumps(runs, indent=1) + "\n")
-    return runs
+    GOLDEN.write_text(json.dumps({k: runs[k] for k in RUNS}, indent=1) + "\n")
+    return new
 
 
 @pytest.mark.parametrize("name", list(RUNS))
@@ -98,7 +105,7 @@ def test_first_losses_match_the_golden_file_bit_for_bit(name, tmp_path):
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] != ["--regen"]:
-        raise SystemExit(f"usage: python {sys.argv[0]} --regen  (rewrites {GOLDEN})")
-    for name, values in regenerate().items():
+    if sys.argv[1:2] != ["--regen"]:
+        raise SystemExit(f"usage: python {sys.argv[0]} --regen [NAME ...]  (rewrites {GOLDEN})")
+    for name, values in regenerate(sys.argv[2:]).items():
         print(name, " ".join(f"{float.fromhex(x):.6f}" for x in values))
