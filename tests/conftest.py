@@ -14,7 +14,9 @@ settings.register_profile("dev", print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 REPO = Path(__file__).resolve().parents[1]
-os.environ.setdefault("NORMLAB_DATA", str((REPO.parent / "shared" / "data").resolve()))
+# The data (FashionMNIST/raw, tinyshakespeare/input.txt) is found through NORMLAB_DATA only,
+# never through where the checkout sits: the tests run from any clone (pytest_configure).
+DATA_ENV = "NORMLAB_DATA"
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("NORMLAB_PROGRESS", "none")  # no progress bar or epoch lines in test output
@@ -28,6 +30,21 @@ TINY = [
     "trainer.log_every_n_steps=1",
     "callbacks.norm_stats.every_n_steps=1",
 ]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not os.environ.get(DATA_ENV):
+        raise pytest.UsageError(
+            f"{DATA_ENV} is not set: the tests read Fashion-MNIST and tiny Shakespeare from it. "
+            f"export {DATA_ENV}=/path/to/data (the folder holding FashionMNIST/raw and "
+            "tinyshakespeare/input.txt; README, Data)"
+        )
+
+
+@pytest.fixture(scope="session")
+def data_root() -> Path:
+    """The data root NORMLAB_DATA names (FashionMNIST/raw, tinyshakespeare/input.txt)."""
+    return Path(os.environ[DATA_ENV]).resolve()
 
 
 @pytest.fixture

@@ -18,8 +18,6 @@ from conftest import REPO, TINY
 from normlab.norms import available_norms, create_norm, norm_keywords
 from normlab.norms.base import NormConfigError
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-
 # (case, overrides, words the message must contain)
 CASES = [
     ("unknown norm", ["norm=nope"], ["norm/nope", "batchnorm", "groupnorm"]),
@@ -260,18 +258,20 @@ def test_a_diverged_run_exits_1_with_one_line_and_keeps_no_best_checkpoint(tmp_p
     assert "no best checkpoint is saved" in (run / "train.log").read_text()
 
 
-def test_a_batch_larger_than_each_process_share_of_the_training_split_is_named():
+def test_a_batch_larger_than_each_process_share_of_the_training_split_is_named(data_root):
     from normlab.data.fashion_mnist import FashionMNISTDataModule
     from normlab.errors import DataError
 
-    module = FashionMNISTDataModule(root=str(DATA), batch_size=30000)  # 55000 images: one batch
+    module = FashionMNISTDataModule(
+        root=str(data_root), batch_size=30000
+    )  # 55000 images: one batch
     with pytest.raises(DataError, match="27500 training images per process .* over 2 processes"):
         module.check_sizes(world_size=2)
 
 
-def test_truncated_and_corrupted_data_files_are_named(tmp_path):
+def test_truncated_and_corrupted_data_files_are_named(data_root, tmp_path):
     root = tmp_path / "data"
-    shutil.copytree(DATA / "FashionMNIST", root / "FashionMNIST")
+    shutil.copytree(data_root / "FashionMNIST", root / "FashionMNIST")
     target = root / "FashionMNIST" / "raw" / "t10k-labels-idx1-ubyte"
     target.write_bytes(target.read_bytes()[:-100])  # truncated
     message = fail([f"data.root={root}", "data.download=false"], tmp_path)

@@ -1,6 +1,7 @@
 """Data files on disk: .gz-only Fashion-MNIST works offline (unpacked atomically, into the cache
 when raw/ is read-only), files are checked by content on every read, nothing is downloaded when
-the files are there. Every test works on copies in tmp_path, never in shared/data."""
+the files are there. Every test works on copies in tmp_path of the files in the data root
+($NORMLAB_DATA, the conftest's data_root), never in the data root itself."""
 
 from __future__ import annotations
 
@@ -12,15 +13,12 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO
 
 from normlab.data import fashion_mnist, integrity, shakespeare
 from normlab.data.fashion_mnist import GZ_SHA256, SHA256, FashionMNISTDataModule
 from normlab.data.shakespeare import ShakespeareDataModule
 from normlab.errors import DataError
 
-DATA = REPO.parent / "shared" / "data"
-RAW = DATA / "FashionMNIST" / "raw"
 # sha256 over "name sha256\n" of the four unpacked files: the key fid_lenet caches under
 CHECKSUM = "daf9de4cf12669ecda2c289b235db8654ca1a41e08fab265b0fc64c56f960be8"
 
@@ -44,12 +42,13 @@ def no_download(monkeypatch):
     monkeypatch.setattr(shakespeare, "download", refuse)
 
 
-def copy_raw(tmp_path: Path, suffix: str) -> Path:
-    """A data root holding copies of the four Fashion-MNIST files name + suffix."""
-    raw = tmp_path / "data" / "FashionMNIST" / "raw"
+def copy_raw(data_root: Path, tmp_path: Path, suffix: str) -> Path:
+    """A data root in tmp_path holding copies of data_root's four Fashion-MNIST files
+    name + suffix; its raw/ folder."""
+    source, raw = data_root / "FashionMNIST" / "raw", tmp_path / "data" / "FashionMNIST" / "raw"
     raw.mkdir(parents=True)
     for name in SHA256:
-        shutil.copyfile(RAW / f"{name}{suffix}", raw / f"{name}{suffix}")
+        shutil.copyfile(source / f"{name}{suffix}", raw / f"{name}{suffix}")
     return raw
 
 
@@ -70,8 +69,8 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_gz_only_raw_dir_sets_up_offline(tmp_path, no_download):
-    raw = copy_raw(tmp_path, ".gz")
+def test_gz_only_raw_dir_sets_up_offline(data_root, tmp_path, no_download):
+    raw = copy_raw(data_root, tmp_path, ".gz")
     data = FashionMNISTDataModule(root=str(raw.parents[1]), download=True, batch_size=64)
     data.setup("fit")
     images, labels = data.splits["train"]
@@ -85,9 +84,9 @@ def test_gz_only_raw_dir_sets_up_offline(tmp_path, no_download):
 
 
 def test_read_only_raw_dir_unpacks_into_the_cache_or_says_where_to_put_files(
-    tmp_path, cache, monkeypatch, no_download
+    data_root, tmp_path, cache, monkeypatch, no_download
 ):
-    raw = copy_raw(tmp_path, ".gz")
+    raw = copy_raw(data_root, tmp_path, ".gz")
     real_mkstemp = tempfile.mkstemp
     read_only = {raw}
 
@@ -128,8 +127,8 @@ def test_no_files_offline_names_every_accepted_file_and_where(tmp_path):
     assert "NORMLAB_DATA" in message
 
 
-def test_a_truncated_gz_fails_with_one_line_and_unpacks_nothing(tmp_path, no_download):
-    raw = copy_raw(tmp_path, ".gz")
+def test_a_truncated_gz_fails_with_one_line_and_unpacks_nothing(data_root, tmp_path, no_download):
+    raw = copy_raw(data_root, tmp_path, ".gz")
     gz = raw / "t10k-labels-idx1-ubyte.gz"
     gz.write_bytes(gz.read_bytes()[:-100])
     with pytest.raises(DataError) as err:
@@ -157,8 +156,8 @@ def test_a_gz_that_unpacks_to_other_bytes_is_refused(tmp_path):
     assert not dst.exists() and not list(tmp_path.glob(".*"))
 
 
-def test_corruption_in_place_with_mtime_kept_is_caught(tmp_path, no_download):
-    raw = copy_raw(tmp_path, "")
+def test_corruption_in_place_with_mtime_kept_is_caught(data_root, tmp_path, no_download):
+    raw = copy_raw(data_root, tmp_path, "")
     data = FashionMNISTDataModule(root=str(raw.parents[1]), download=False)
     data.prepare_data()  # a verified run first
     assert data.checksum() == CHECKSUM
@@ -172,10 +171,12 @@ def test_corruption_in_place_with_mtime_kept_is_caught(tmp_path, no_download):
         data.checksum()  # fid_lenet's cache key is never computed from a bad file
 
 
-def test_shakespeare_corruption_in_place_with_mtime_kept_is_caught(tmp_path, no_download):
+def test_shakespeare_corruption_in_place_with_mtime_kept_is_caught(
+    data_root, tmp_path, no_download
+):
     path = tmp_path / "tinyshakespeare" / "input.txt"
     path.parent.mkdir()
-    shutil.copyfile(DATA / "tinyshakespeare" / "input.txt", path)
+    shutil.copyfile(data_root / "tinyshakespeare" / "input.txt", path)
     data = ShakespeareDataModule(str(tmp_path), batch_size=4, ctx=8)
     data.prepare_data()
     data.setup()
@@ -188,14 +189,16 @@ def test_shakespeare_corruption_in_place_with_mtime_kept_is_caught(tmp_path, no_
 
 
 @pytest.mark.parametrize("suffix", ["", ".gz"])
-def test_no_download_is_attempted_when_the_files_are_present(tmp_path, suffix, no_download):
-    raw = copy_raw(tmp_path, suffix)
+def test_no_download_is_attempted_when_the_files_are_present(
+    data_root, tmp_path, suffix, no_download
+):
+    raw = copy_raw(data_root, tmp_path, suffix)
     FashionMNISTDataModule(root=str(raw.parents[1]), download=True).prepare_data()
-    ShakespeareDataModule(str(DATA), batch_size=4, ctx=8, download=True).prepare_data()
+    ShakespeareDataModule(str(data_root), batch_size=4, ctx=8, download=True).prepare_data()
 
 
-def test_missing_files_are_downloaded_and_only_those(tmp_path, monkeypatch):
-    raw = copy_raw(tmp_path, ".gz")
+def test_missing_files_are_downloaded_and_only_those(data_root, tmp_path, monkeypatch):
+    raw = copy_raw(data_root, tmp_path, ".gz")
     (raw / "train-labels-idx1-ubyte.gz").unlink()
     asked = []
     monkeypatch.setattr(FashionMNISTDataModule, "_download", lambda self, m: asked.extend(m))
@@ -204,8 +207,8 @@ def test_missing_files_are_downloaded_and_only_those(tmp_path, monkeypatch):
     assert asked == ["train-labels-idx1-ubyte"]
 
 
-def test_a_killed_extraction_leaves_no_partial_file(tmp_path, monkeypatch, no_download):
-    raw = copy_raw(tmp_path, ".gz")
+def test_a_killed_extraction_leaves_no_partial_file(data_root, tmp_path, monkeypatch, no_download):
+    raw = copy_raw(data_root, tmp_path, ".gz")
     real_open = gzip.open
 
     class Killed(gzip.GzipFile):
@@ -229,11 +232,11 @@ def test_a_killed_extraction_leaves_no_partial_file(tmp_path, monkeypatch, no_do
     assert sha256(raw / "train-images-idx3-ubyte") == SHA256["train-images-idx3-ubyte"]
 
 
-def test_gz_checksums_are_the_ones_torchvision_lists():
+def test_gz_checksums_are_the_ones_torchvision_lists(data_root):
     import torchvision.datasets
 
     md5 = dict(torchvision.datasets.FashionMNIST.resources)
     for name in SHA256:
-        gz = (RAW / f"{name}.gz").read_bytes()
+        gz = (data_root / "FashionMNIST" / "raw" / f"{name}.gz").read_bytes()
         assert hashlib.md5(gz).hexdigest() == md5[f"{name}.gz"]
         assert hashlib.sha256(gz).hexdigest() == GZ_SHA256[name]

@@ -303,6 +303,20 @@ def test_prmsnorm_statistic_uses_only_first_k_features(impl):
     assert norm.num_stat_features == 5
 
 
+@pytest.mark.parametrize("impl", ["fast", "reference", "manual"])
+@pytest.mark.parametrize("d", [64, 100, 127, 128, 129])
+def test_prmsnorm_k_is_the_papers_ceil_n_p(d, impl):
+    # Zhang & Sennrich 2019, Sec. 4: k = ceil(n * p); p = 1/16 exactly, so in integers
+    # k = ceil(d / 16) = (d + 15) // 16 (the authors' code's int(d * p) = d // 16 is one less
+    # wherever 16 does not divide d)
+    k = (d + 15) // 16
+    norm = create_norm("prmsnorm", d, p=0.0625, eps=1e-6, elementwise_affine=False, impl=impl)
+    assert norm.num_stat_features == k
+    x = torch.randn(4, d, dtype=torch.float64)
+    rms = torch.sqrt(x[:, :k].pow(2).mean(-1, keepdim=True) + 1e-6)
+    torch.testing.assert_close(norm.double()(x), x / rms)
+
+
 def test_prmsnorm_rounds_k_up():
     assert (
         create_norm("prmsnorm", 30, p=0.1).num_stat_features == 3

@@ -52,27 +52,36 @@ from normlab.norms.qknorm import check_qk_norm, create_qk_norm
 # ---------------------------------------------------------------------------------------------
 
 
-def sincos_1d(dim: int, positions: torch.Tensor, max_period: float = 10000.0) -> torch.Tensor:
-    """(L,) positions -> (L, dim): [sin(pos * w_k), cos(pos * w_k)], w_k = max_period^(-k/half)."""
+def frequency_angles(
+    dim: int, positions: torch.Tensor, max_period: float = 10000.0
+) -> torch.Tensor:
+    """(L,) positions -> (L, dim // 2) angles pos * w_k, w_k = max_period^(-k / (dim // 2))."""
     half = dim // 2
     freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float64) / half)
-    angles = positions.to(torch.float64)[:, None] * freqs[None]  # (L, half)
+    return positions.to(torch.float64)[:, None] * freqs[None]  # (L, half)
+
+
+def sincos_1d(dim: int, positions: torch.Tensor) -> torch.Tensor:
+    """(L,) positions -> (L, dim): [sin(pos * w_k) | cos(pos * w_k)] (MAE's, DiT's order)."""
+    angles = frequency_angles(dim, positions)  # (L, dim/2)
     return torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)
 
 
 def sincos_2d(dim: int, grid_size: int) -> torch.Tensor:
-    """Fixed 2D position embedding (grid_size^2, dim): half the channels per axis (row-major)."""
+    """Fixed 2D position embedding (grid_size^2, dim) of the row-major patch grid, DiT's table:
+    the first half of the channels encodes the column, the second half the row (DiT and MAE
+    build it from np.meshgrid(grid_w, grid_h), w first)."""
     if dim % 4:
         raise ConfigError(f"dit: 2D sin-cos positions need hidden_size % 4 == 0, got {dim}")
     coords = torch.arange(grid_size)
     rows, cols = torch.meshgrid(coords, coords, indexing="ij")  # (G, G) each
-    emb_rows = sincos_1d(dim // 2, rows.flatten())  # (G*G, D/2)
     emb_cols = sincos_1d(dim // 2, cols.flatten())  # (G*G, D/2)
-    return torch.cat([emb_rows, emb_cols], dim=1).float()  # (G*G, D)
+    emb_rows = sincos_1d(dim // 2, rows.flatten())  # (G*G, D/2)
+    return torch.cat([emb_cols, emb_rows], dim=1).float()  # (G*G, D)
 
 
 class TimestepEmbedder(nn.Module):
-    """Timestep t -> sinusoidal features -> MLP(SiLU) -> (B, D)."""
+    """Timestep t -> features [cos | sin] (GLIDE's, DiT's order) -> MLP(SiLU) -> (B, D)."""
 
     def __init__(self, hidden_size: int, frequency_dim: int = 256) -> None:
         super().__init__()
@@ -81,8 +90,13 @@ class TimestepEmbedder(nn.Module):
             nn.Linear(frequency_dim, hidden_size), nn.SiLU(), nn.Linear(hidden_size, hidden_size)
         )
 
+    def features(self, t: torch.Tensor) -> torch.Tensor:
+        """(B,) timesteps -> (B, frequency_dim): [cos(t * w_k) | sin(t * w_k)]."""
+        angles = frequency_angles(self.frequency_dim, t)  # (B, 128)
+        return torch.cat([torch.cos(angles), torch.sin(angles)], dim=1)
+
     def forward(self, t: torch.Tensor) -> torch.Tensor:
-        freqs = sincos_1d(self.frequency_dim, t).to(self.mlp[0].weight.dtype)  # (B, 256)
+        freqs = self.features(t).to(self.mlp[0].weight.dtype)  # (B, 256)
         return self.mlp(freqs)  # (B, D)
 
 
@@ -440,3 +454,55 @@ class DiT(nn.Module):
             tokens = block(tokens, c, ctx)  # (B, N or 2+N, D)
         out = self.final_layer(self.cond.image_tokens(tokens), c)  # (B, N, p*p*C)
         return self.unpatchify(out)  # (B, C, H, W)
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights in the official layout
+# ---------------------------------------------------------------------------------------------
+
+OFFICIAL_KEYS = {  # official DiT (facebookresearch/DiT models.py) name -> this DiT's name
+    "y_embedder.embedding_table.": "y_embedder.table.",
+    "final_layer.adaLN_modulation.1.": "final_layer.norm.modulation.1.",
+}
+
+
+def from_official_state_dict(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """An official DiT state dict (facebookresearch/DiT models.py) in this DiT's keys, for
+    `DiT(conditioning="adaln_zero", norm=layernorm)` of the same shape (the official model).
+
+    - `y_embedder.embedding_table` -> `y_embedder.table`;
+    - `blocks.N.adaLN_modulation.1` regresses 6 chunks of D rows, (shift_msa, scale_msa,
+      gate_msa, shift_mlp, scale_mlp, gate_mlp): the first three -> `blocks.N.norm1.modulation.1`,
+      the last three -> `blocks.N.norm2.modulation.1` (an AdaLNZero's order: shift, scale, gate);
+    - `final_layer.adaLN_modulation.1` (shift, scale) -> `final_layer.norm.modulation.1`;
+    - `pos_embed`: not stored here (sincos_2d computes the same table); checked, then dropped;
+    - a `final_layer.linear` of learn_sigma (p*p*2C outputs: eps, then the variance, per pixel
+      of a patch) keeps its eps rows: this DiT predicts eps alone;
+    - everything else (x_embedder, t_embedder: features [cos | sin] in both, attn, mlp) as is.
+    """
+    out: dict[str, torch.Tensor] = {}
+    for key, value in sd.items():
+        if key == "pos_embed":
+            _, N, D = value.shape  # (1, G*G, D)
+            table = sincos_2d(D, math.isqrt(N))[None]
+            if value.shape != table.shape or not torch.allclose(value.float(), table, atol=1e-6):
+                raise ValueError("pos_embed is not DiT's 2D sin-cos table of its shape")
+            continue
+        block, _, rest = key.partition(".adaLN_modulation.1.")
+        if rest and block.startswith("blocks."):
+            msa, mlp = value.chunk(2, dim=0)  # (3D, ...) each: (shift, scale, gate)
+            out[f"{block}.norm1.modulation.1.{rest}"] = msa
+            out[f"{block}.norm2.modulation.1.{rest}"] = mlp
+            continue
+        for official, ours in OFFICIAL_KEYS.items():
+            if key.startswith(official):
+                key = ours + key.removeprefix(official)
+        out[key] = value
+    _, C, p, _ = sd["x_embedder.proj.weight"].shape  # (D, C, p, p)
+    for name in ("final_layer.linear.weight", "final_layer.linear.bias"):
+        value = out[name]
+        if value.shape[0] == p * p * 2 * C:  # learn_sigma: (p, p, 2C) outputs per token
+            out[name] = value.view(p * p, 2 * C, *value.shape[1:])[:, :C].reshape(
+                p * p * C, *value.shape[1:]
+            )
+    return out

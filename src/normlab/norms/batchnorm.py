@@ -202,8 +202,8 @@ class BatchNorm(RunningStatsNorm):
         xs = xs.to(torch.promote_types(x.dtype, torch.float32))
         dims = (1, *range(3, xs.dim()))
         n = math.prod(xs.shape[d] for d in dims)
-        # two-pass, not mean_var's E[x^2] - E[x]^2, which cancels when a slice of few values
-        # has a variance far below its mean^2; both (G, 1, C, 1, ...), (G, C) after reshape
+        # two-pass (E[x^2] - E[x]^2 cancels when a slice of few values has a variance far
+        # below its mean^2); both (G, 1, C, 1, ...), (G, C) after reshape
         var, mean = torch.var_mean(xs, dims, correction=0, keepdim=True)
         y = (xs - mean) * torch.rsqrt(var + self.eps)
         if self.weight is not None:

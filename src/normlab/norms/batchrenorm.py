@@ -31,7 +31,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from normlab.norms.base import NormConfigError, channel_view, mean_var, stats_dtype
+from normlab.norms.base import NormConfigError, channel_view, stats_dtype
 from normlab.norms.registry import register_norm
 from normlab.norms.running import RunningStatsNorm
 
@@ -154,17 +154,10 @@ class BatchRenorm(RunningStatsNorm):
     def _normalize_with_batch_stats(
         self, x: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Reference path: the paper's formula; returns (y, mean, unbiased var) for the update."""
-        dims = self._reduce_dims(x)
-        n = math.prod(x.shape[d] for d in dims)
-        xs = x.to(stats_dtype(x.dtype))
-        mean, var = mean_var(xs, dims)  # (1, C, 1, ...), biased var
+        """Reference path: the paper's formula, in float64 (`_batch_stats`); returns (y, mean,
+        unbiased var) for the update."""
+        xs, mean, var, n = self._batch_stats(x)  # (1, C, 1, ...), biased var
         r, d = self._r_d(mean.flatten(), var.flatten())
         x_hat = (xs - mean) / torch.sqrt(var + self.eps) * channel_view(r, x.dim())
         x_hat = x_hat + channel_view(d, x.dim())
-        y = x_hat
-        if self.weight is not None:
-            y = channel_view(self.weight, x.dim()) * y
-        if self.bias is not None:
-            y = y + channel_view(self.bias, x.dim())
-        return y.to(x.dtype), mean, var * (n / (n - 1))
+        return self._affine(x_hat).to(x.dtype), mean, var * (n / (n - 1))

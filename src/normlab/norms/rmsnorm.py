@@ -192,7 +192,17 @@ class RMSNorm(Norm):
 
 @register_norm("prmsnorm", aliases=("prms",))
 class PRMSNorm(RMSNorm):
-    """Partial RMSNorm over (..., D): rms of the first k = ceil(p * D) features divides all."""
+    """Partial RMSNorm over (..., D): rms of the first k = ceil(p * D) features divides all.
+
+    The paper's definition (Zhang & Sennrich 2019, Sec. 4, pRMSNorm), the reference here:
+
+        RMS(a) ~ sqrt(1/k * sum_{i=1..k} a_i^2),   k = ceil(n * p)
+
+    the statistic of the first p of the n summed inputs, rounded up. The authors' code
+    (bzhangGo/rmsnorm, rmsnorm_torch.py) takes `int(d * p)`, rounded down: the two agree when
+    p * D is a whole number (D = 64, 128 at the default p = 0.0625) and differ by one feature
+    otherwise (D = 100: 7 here, 6 there); this layer keeps the paper's k.
+    """
 
     family = "prmsnorm"
 
