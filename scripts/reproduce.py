@@ -4,6 +4,8 @@
     python scripts/reproduce.py NAME --decide      # declared initial seeds, then those the
                                                    # undecided claims plan for (up to the cap)
     python scripts/reproduce.py NAME --redraw      # from the committed runs.csv, no training
+    python scripts/reproduce.py NAME --collect     # the jobs already in its sweep dirs, no
+                                                   # training (each keeps its code version)
     python scripts/reproduce.py NAME --grids G,..  # run only these grids; their arms' rows
                                                    # replace those in the committed runs.csv
     python scripts/reproduce.py NAME --norm X [--plugin MODULE]   # your norm as one more arm
@@ -36,12 +38,12 @@ from normlab.analysis.reproductions import REPRODUCTIONS
 from normlab.analysis.sweep import Reproduction
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_SEEDS = 3  # --seeds when not given
 QUICK_SEEDS = 2  # --quick: the least that gives an interval
 
 
-def default_seeds(quick: bool) -> int:
-    return QUICK_SEEDS if quick else DEFAULT_SEEDS
+def default_seeds(quick: bool, name: str) -> int:
+    """--seeds when not given: the reproduction's declared initial seeds (2 under --quick)."""
+    return QUICK_SEEDS if quick else REPRODUCTIONS[name].initial_seeds
 
 
 def list_names() -> str:
@@ -61,7 +63,7 @@ def command_text(
 ) -> str:
     """The command a figure's md shows."""
     cmd = f"python scripts/reproduce.py {name}"
-    if seeds is not None and seeds != default_seeds(quick):
+    if seeds is not None and seeds != default_seeds(quick, name):
         cmd += f" --seeds {seeds}"
     if norm:
         cmd += f" --norm {norm}" + (f" --plugin {plugin}" if plugin else "")
@@ -129,6 +131,7 @@ def reproduce(
     grids: list[str] | None = None,
     norm: str | None = None,
     plugin: str | None = None,
+    collect: bool = False,
 ) -> Path:
     """Run one NAME's sweeps (reusing finished jobs) and write its figure, data and md. With
     `grids`, only those grids run and their arms' rows replace the same arms' rows in the
@@ -143,8 +146,9 @@ def reproduce(
     except ValueError as err:
         raise SystemExit(str(err)) from None
     if seeds is None:
-        seeds = default_seeds(quick)
-    seconds = sweep.run(repro, quick, root, jobs, seeds)
+        seeds = default_seeds(quick, name)
+    # --collect: the finished jobs as they are (each keeps its own code version in jobs.csv)
+    seconds = 0.0 if collect else sweep.run(repro, quick, root, jobs, seeds)
     runs = sweep.runs(repro, quick, root, seeds)
     if not runs:
         raise SystemExit(f"{name}: no jobs in {sweep.sweep_dir(root, name, quick)}")
@@ -198,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
         "--seeds",
         type=int,
         default=None,
-        help=f"seeds per arm (default {DEFAULT_SEEDS}; {QUICK_SEEDS} quick)",
+        help=f"seeds per arm (default: the declared initial seeds; {QUICK_SEEDS} quick)",
     )
     parser.add_argument(
         "--redraw", action="store_true", help="redraw from the committed runs.csv, no training"
@@ -210,6 +214,12 @@ def main(argv: list[str] | None = None) -> None:
         "--grids", help="comma-separated grids to run; their arms replace those in the evidence"
     )
     parser.add_argument("--norm", help="a registered norm to add as an arm (norm=custom)")
+    parser.add_argument(
+        "--collect",
+        action="store_true",
+        help="no training: the jobs already in the sweep dirs (run by hand, on a cluster, or "
+        "before a cut) into the evidence, each with its own code version",
+    )
     parser.add_argument(
         "--decide",
         action="store_true",
@@ -247,7 +257,7 @@ def main(argv: list[str] | None = None) -> None:
                 decide(name, args.jobs, args.root.resolve(), grids)
             else:
                 reproduce(name, args.quick, args.jobs, args.root.resolve(), args.seeds, grids,
-                          args.norm, args.plugin)  # fmt: skip
+                          args.norm, args.plugin, args.collect)  # fmt: skip
         except (SystemExit, RuntimeError) as err:
             if args.name != "all":
                 raise

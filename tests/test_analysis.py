@@ -270,12 +270,23 @@ def test_bn_lenet_speedup_accuracy_and_drift_per_seed():
     assert drift[("mlp/none", 0)] == pytest.approx((4 / 2 + 2 / 2) / 2)  # mean over the units
     result = bn_lenet.render(data)
     mlp = [c for c in result.claims if c.claim.startswith("MLP")]
-    faster, accuracy, stable = mlp
-    assert faster.values == pytest.approx([300 / 20, 300 / 80, 300 / 120])
-    assert faster.verdict == stats.UNDECIDED  # geometric mean 5.2, CI [0.5, 53]
+    at95, at98, half, area, accuracy, stable = mlp
+    # the no-norm net's final accuracy is 0.8 (its last 5 evaluations): smoothed, it reaches
+    # 95% (0.76) and 98% (0.784) of it at step 300; BN's smoothed curve (the mean of up to 5
+    # evaluations) reaches 0.76 at steps 20, 60, 120 and 0.784 at 20, 80, 120
+    assert at95.values == pytest.approx([300 / 20, 300 / 60, 300 / 120])
+    assert at98.values == pytest.approx([300 / 20, 300 / 80, 300 / 120])
+    assert half.values == at98.values and half.region == (2.0, stats.ABOVE)
+    assert at95.verdict == stats.UNDECIDED  # geometric mean 5, CI [0.5, 50]
+    # area under the curves from step 20 to 400 (trapezoids of 20 steps), over 380 steps
+    plain_area = (9 * 20 * 0.5 + 20 * 0.65 + 9 * 20 * 0.8) / 380
+    bn0_area = (18 * 20 * 0.9 + 20 * 0.875) / 380
+    assert area.values[0] == pytest.approx(100 * (bn0_area - plain_area))
     assert accuracy.values == pytest.approx([5.0, 5.0, 5.0])  # points
     assert accuracy.verdict == stats.HOLDS and stable.verdict == stats.HOLDS
     assert stable.values == pytest.approx([0.1, 0.1, 0.1])
+    assert accuracy.final and accuracy.arms == ("mlp/batchnorm", "mlp/none")
+    assert {c.source for c in mlp} == {"paper", "ours"}
     lenet = [c for c in result.claims if c.claim.startswith("LeNet")]
     assert all(c.verdict == stats.MISSING for c in lenet)  # no LeNet jobs
 
@@ -284,7 +295,7 @@ def test_a_bn_run_that_never_reaches_the_target_counts_with_a_bound_favouring_th
     x = pd.Index([20.0 * (i + 1) for i in range(20)])
     plain = pd.Series([0.5] * 10 + [0.8] * 10, index=x)
     never = pd.Series([0.5] * 20, index=x)
-    assert bn_lenet.speedup(plain, never) == pytest.approx(300 / (400 + 20))
+    assert bn_lenet.steps_ratio(plain, never, 0.95) == pytest.approx(300 / (400 + 20))
 
 
 # ----- gn_batch_size: logs -> runs.csv -> claims ----------------------------------------------

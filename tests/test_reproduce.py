@@ -147,7 +147,9 @@ def test_redraw_takes_the_seeds_option_from_the_arms_that_follow_it():
     assert script.seeds_given(repro, jobs(10, 3), quick=False) == 3
     assert script.seeds_given(repro, jobs(10, 10), quick=False) == 10  # --seeds 10
     assert script.seeds_given(repro, jobs(2, 2), quick=True) == 2
-    assert script.command_text("demo", False, 3) == "python scripts/reproduce.py demo"
+    assert script.command_text("ln_rnn", False, 3) == "python scripts/reproduce.py ln_rnn"
+    three = "python scripts/reproduce.py bn_lenet --seeds 3"  # bn_lenet declares 10 first
+    assert script.command_text("bn_lenet", False, 3) == three
 
 
 COMMITTED = [n for n in REPRODUCTIONS if (REPO / "outputs" / "figures" / n / "runs.csv").is_file()]
@@ -244,7 +246,7 @@ def test_rmsnorm_speed_grids_time_300_pairs_and_train_600_steps_of_one_model(
     from hydra.core.hydra_config import HydraConfig
 
     repro = REPRODUCTIONS["rmsnorm_speed"]
-    speed, quality = repro.grids
+    speed, quality = repro.grids  # one arm each
     budget = repro.budget(quick)
     cfg = compose([f"experiment={speed.experiment}", *speed.all_overrides(budget, quick),
                    "norm=prmsnorm", "seed=2"], tmp_path)  # fmt: skip
@@ -281,18 +283,28 @@ def test_dyt_vs_ln_grids_compose_the_papers_arms(compose, tmp_path):
     from hydra.core.hydra_config import HydraConfig
 
     repro = REPRODUCTIONS["dyt_vs_ln"]
-    gpt, dyt, dit = repro.grids
-    cfg = compose([f"experiment={gpt.experiment}", "seed=1"], tmp_path)
+    grids = {g.arm: g for g in repro.grids}
+    gpt = grids["gpt/layernorm"]
+    cfg = compose([f"experiment={gpt.experiment}", *gpt.overrides, "seed=1"], tmp_path)
     assert HydraConfig.get().sweeper.params["norm"] == "layernorm,dyt,rmsnorm"
     net = cfg.model.net
     assert (net.depth, net.d_model, net.n_heads, cfg.placement.name) == (4, 128, 4, "pre")
     assert net.embed_scale is None and cfg.data.seed == 1 and not cfg.test
     assert cfg.trainer.max_epochs * cfg.data.train_batches_per_epoch == 600
-    cfg = compose([f"experiment={dyt.experiment}", *dyt.overrides[:2], "norm.alpha0=2.0"],
-                  tmp_path)  # fmt: skip
-    assert cfg.norm.name == "dyt" and cfg.norm.alpha0 == 2.0 and cfg.model.net.embed_scale == 50
-    cfg = compose([f"experiment={dit.experiment}"], tmp_path)
-    assert cfg.trainer.max_epochs * cfg.trainer.limit_train_batches == 1200
+    assert cfg.norm.name == "layernorm" and cfg.arm == "gpt/layernorm"
+    # the pilot: the authors' LLaMA recipe, one job per (attention, FFN/final) alpha0
+    pilot = next(g for g in repro.grids if g.name == "pilot")
+    assert pilot.seed_count(3, False) == 1
+    chosen = [o.split(",")[0] if "norm_at.attn" in o or "norm_at.mlp" in o else o
+              for o in pilot.overrides]  # fmt: skip
+    cfg = compose([f"experiment={pilot.experiment}", *chosen], tmp_path)
+    assert cfg.norm.name == "dyt" and cfg.norm.bias is False and not cfg.model.net.tie_weights
+    assert cfg.model.net.embed_scale == 50 and cfg.arm == "pilot/a1.0_f0.25"
+    at = cfg.model.net.norm_at
+    assert (at.attn.alpha0, at.mlp.alpha0, at.final.alpha0) == (1.0, 0.25, 0.25)
+    dit = grids["dit/dyt"]
+    cfg = compose([f"experiment={dit.experiment}", *dit.overrides], tmp_path)
+    assert cfg.trainer.max_epochs * cfg.trainer.limit_train_batches == 800
     assert cfg.callbacks.fid.num_samples == 2000 and cfg.callbacks.fid.guidance_scale == 1.0
     assert cfg.callbacks.fid.every_n_epochs == cfg.trainer.max_epochs  # once, at the end
 

@@ -281,3 +281,24 @@ def test_the_training_windows_follow_the_runs_seed(compose, tmp_path, seed):
     so seeds differ in data order as well as in init."""
     cfg = compose(["model=transformer", f"seed={seed}"], tmp_path)
     assert cfg.data.seed == seed
+
+
+def test_norm_at_gives_each_position_its_own_norm_keywords():
+    """The DyT paper's LLaMA recipe: alpha0 of the attention-input, FFN-input and final norms
+    set apart; the other keywords (no bias) shared."""
+    dyt = {"name": "dyt", "alpha0": 0.5, "bias": False}
+    at = {"attn": {"alpha0": 0.8}, "mlp": {"alpha0": 0.2}, "final": {"alpha0": 0.1}}
+    model = GPT(65, {"name": "pre"}, dyt, depth=2, d_model=32, n_heads=2, ctx=16, norm_at=at)
+    for block in model.blocks:
+        assert block.attn.norm.alpha.item() == pytest.approx(0.8)
+        assert block.mlp.norm.alpha.item() == pytest.approx(0.2)
+        assert block.attn.norm.bias is None and block.mlp.norm.bias is None
+    assert model.final_norm.alpha.item() == pytest.approx(0.1)
+    plain = GPT(65, {"name": "pre"}, dyt, depth=2, d_model=32, n_heads=2, ctx=16)
+    assert {m.alpha.item() for m in plain.modules() if hasattr(m, "alpha")} == {0.5}
+    with pytest.raises(ConfigError, match="no position ffn"):
+        GPT(65, {"name": "pre"}, dyt, depth=2, d_model=32, n_heads=2, ctx=16,
+            norm_at={"ffn": {"alpha0": 1.0}})  # fmt: skip
+    with pytest.raises(ConfigError, match="callable"):
+        GPT(65, {"name": "pre"}, torch.nn.LayerNorm, depth=2, d_model=32, n_heads=2, ctx=16,
+            norm_at=at)  # fmt: skip

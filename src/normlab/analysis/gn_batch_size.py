@@ -3,14 +3,20 @@
 The paper's design on one machine: 8 virtual devices of b images, SGD on the 8b images with the
 learning rate scaled linearly, BatchNorm's statistics per device (Ghost BN); GN, LN and IN see
 the same steps. A second arm keeps SGD's batch at 256 and shrinks only BN's statistics batch.
-`extract` reads the run logs into runs.csv; `render` decides the claims from runs.csv alone.
+A pilot (pilot/<norm> arms: BN, GN, LN at b=32, one seed, 2 to 16 epochs) finds the budget at
+which the b=32 runs' train loss has plateaued (the converged gate), the budget every b then
+trains for. `extract` reads the run logs into runs.csv; `render` decides the claims from runs.csv
+alone.
 """
 
 from __future__ import annotations
 
+import math
+
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from normlab.analysis import gates
 from normlab.analysis.logs import Run
 from normlab.analysis.report import Claim, Result
 from normlab.analysis.stats import ABOVE, Interval
@@ -34,21 +40,57 @@ LABELS = {**NORMS, FIXED: "BN, SGD batch fixed at 256", PRECISE: "BN, precise st
 BIG, SMALL = 32, 2
 
 
+PILOT = "pilot/"  # the pilot's arms: pilot/bn, pilot/gn, pilot/ln
+
+
+def gate_arm(arm_: str, b: float) -> str:
+    """The gates' name of one arm at one b (the gates read one job per seed)."""
+    return f"{arm_}/b{b:g}"
+
+
 def extract(runs: list[Run]) -> pd.DataFrame:
-    """Per job: test error (%) at its images per device (x), and its final training loss."""
+    """Per job: test error (%) at its images per device (x), its final training loss and its
+    gates' rows (under gate_arm); a pilot job: at its epochs (x), test error, final train loss
+    and the converged gate's late gain."""
     rows = []
     for run in runs:
         if run.status != "ok":
             continue
         a, seed, b = run.arm, int(run.get("seed")), float(run.get("per_device"))
-        rows.append((a, seed, b, "test/error", 100.0 * (1.0 - run.last("test/acc"))))
+        error = 100.0 * (1.0 - run.last("test/acc"))
+        if a.startswith(PILOT):
+            epochs = float(run.setting("trainer.max_epochs", run.get("trainer.max_epochs")))
+            curve = run.series("train/loss_step").set_index("step")["train/loss_step"]
+            rows += [(a, seed, epochs, "pilot/test_error", error),
+                     (a, seed, epochs, "pilot/train_loss", run.last("train/loss_epoch")),
+                     (a, seed, epochs, "pilot/late_gain", gates.late_gain(curve))]  # fmt: skip
+            continue
+        rows.append((a, seed, b, "test/error", error))
         rows.append((a, seed, b, "train/loss", run.last("train/loss_epoch")))
+        rows += gates.gate_rows(run, gate_arm(a, b), seed)
     return pd.DataFrame(rows, columns=["arm", "seed", "x", "metric", "value"])
 
 
-def errors(data: pd.DataFrame, arm_: str) -> pd.DataFrame:
-    """Test error (%) of one arm: a row per seed, a column per images-per-device b."""
-    rows = data[(data["arm"] == arm_) & (data["metric"] == "test/error")]
+def pilot(data: pd.DataFrame) -> pd.DataFrame:
+    """The pilot's table: per norm and epochs, test error, final train loss and late gain."""
+    rows = data[data["arm"].str.startswith(PILOT) & data["metric"].str.startswith("pilot/")]
+    if rows.empty:
+        return pd.DataFrame(columns=["arm", "epochs", "late_gain", "test_error", "train_loss"])
+    table = rows.pivot_table(index=["arm", "x"], columns="metric", values="value").reset_index()
+    table.columns = [str(c).removeprefix("pilot/") for c in table.columns]
+    return table.rename(columns={"x": "epochs"})
+
+
+def pilot_epochs(table: pd.DataFrame) -> float:
+    """The budget the pilot picks: the fewest epochs at which every norm's late gain is below
+    the converged gate's bound; NaN when no budget the pilot ran passes."""
+    passing = table.groupby("epochs")["late_gain"].max() < gates.CONVERGED_GAIN
+    return float(passing[passing].index.min()) if passing.any() else math.nan
+
+
+def errors(data: pd.DataFrame, arm_: str, metric: str = "test/error") -> pd.DataFrame:
+    """Test error (%) (or another metric) of one arm: a row per seed, a column per b."""
+    rows = data[(data["arm"] == arm_) & (data["metric"] == metric)]
     table = rows.pivot(index="seed", columns="x", values="value")
     table.columns = [int(b) for b in table.columns]
     # every b of the paper's axis present (NaN where not run): an arm run at some b only, or
@@ -77,7 +119,7 @@ def _claims(err: dict[str, pd.DataFrame]) -> list[Claim]:
             source="ours",
             why=f"the paper's rise is {PAPER_BN[2] - PAPER_BN[32]:.1f} points on ResNet-50; the "
             f"{MIN_BN_RISE:g}-point bound is this suite's",
-            arms=("batchnorm",),
+            arms=(gate_arm("batchnorm", BIG), gate_arm("batchnorm", SMALL)),
             final=True,
         )
     ]
@@ -91,7 +133,7 @@ def _claims(err: dict[str, pd.DataFrame]) -> list[Claim]:
                 (-GN_FLAT, GN_FLAT),
                 source="ours",
                 why=f"the paper shows GN flat; the +-{GN_FLAT:g}-point band is this suite's",
-                arms=("groupnorm",),
+                arms=(gate_arm("groupnorm", BIG), gate_arm("groupnorm", b)),
                 final=True,
             )
         )
@@ -105,7 +147,7 @@ def _claims(err: dict[str, pd.DataFrame]) -> list[Claim]:
             [] if both is None else list(both.iloc[:, 0] - both.iloc[:, 1]),
             (0.0, ABOVE),
             source="paper",
-            arms=("batchnorm", "groupnorm"),
+            arms=(gate_arm("batchnorm", SMALL), gate_arm("groupnorm", SMALL)),
             final=True,
         )
     )
@@ -122,7 +164,7 @@ def _claims(err: dict[str, pd.DataFrame]) -> list[Claim]:
                 (0.0, ABOVE),
                 undecided="tie (within noise)",
                 source="paper",
-                arms=(lower, higher),
+                arms=(gate_arm(lower, BIG), gate_arm(higher, BIG)),
                 final=True,
             )
         )
@@ -140,7 +182,7 @@ def _claims(err: dict[str, pd.DataFrame]) -> list[Claim]:
             (MIN_BN_RISE, ABOVE),
             source="ours",
             why="the paper does not separate the statistics from the SGD batch",
-            arms=(FIXED, "batchnorm"),
+            arms=(gate_arm(FIXED, SMALL), gate_arm("batchnorm", BIG)),
             final=True,
         )
     )
@@ -170,7 +212,7 @@ def _precise_claims(err: dict[str, pd.DataFrame]) -> list[Claim]:
                 [] if pair is None else list(pair.iloc[:, 0] - pair.iloc[:, 1]),
                 (0.0, ABOVE),
                 source="paper",
-                arms=("batchnorm", PRECISE),
+                arms=(gate_arm("batchnorm", b), gate_arm(PRECISE, b)),
             )
         )
     claims.append(
@@ -185,7 +227,7 @@ def _precise_claims(err: dict[str, pd.DataFrame]) -> list[Claim]:
             (MIN_BN_RISE, ABOVE),
             source="ours",
             why="neither paper measures BN's rise with precise statistics",
-            arms=(PRECISE,),
+            arms=(gate_arm(PRECISE, BIG), gate_arm(PRECISE, SMALL)),
             final=True,
         )
     )
@@ -206,7 +248,7 @@ def _mean_ci(table: pd.DataFrame) -> tuple[list[int], list[float], list[float]]:
 def render(data: pd.DataFrame) -> Result:
     """Error against b per norm; change from b=32 per seed (paired); BN with SGD's batch fixed."""
     err = {a: errors(data, a) for a in LABELS}
-    fig, (ax, ax_rel, ax_fix) = plt.subplots(1, 3, figsize=(16, 4.5))
+    fig, (ax, ax_rel, ax_fix, ax_train) = plt.subplots(1, 4, figsize=(21, 4.5))
     for k, (a, table) in enumerate(err.items()):
         if table.empty:
             continue
@@ -235,12 +277,13 @@ def render(data: pd.DataFrame) -> Result:
                 color=color,
                 label=LABELS[a] if a != "batchnorm" else "BN, SGD batch 8b (lr scaled)",
             )
+    _train_panel(ax_train, data)
     ax_rel.axhspan(-GN_FLAT, GN_FLAT, color="C1", alpha=0.1, label=f"+-{GN_FLAT:g} point")
     ax.set_title("test error, SGD on 8 devices x b images, lr 0.2 x 8b/256", fontsize=9)
     ax_rel.set_title(f"change from b={BIG}, paired by seed (mean, 95% CI)", fontsize=9)
     ax_fix.set_title("BN: SGD batch 8b vs fixed 256; moving-average vs precise statistics",
                      fontsize=9)  # fmt: skip
-    for a in (ax, ax_rel, ax_fix):
+    for a in (ax, ax_rel, ax_fix, ax_train):
         a.set_xscale("log", base=2)
         a.set_xticks([32, 16, 8, 4, 2])
         a.get_xaxis().set_major_formatter(plt.ScalarFormatter())
@@ -276,8 +319,44 @@ def render(data: pd.DataFrame) -> Result:
         "by in training), computed with the weights of that moment. Each arm tests its best "
         "checkpoint by its own validation accuracy."
     )
-    notes.append(_sgd_effect(err))
-    return Result(fig, _claims(err), notes)
+    notes += [_sgd_effect(err), _pilot_note(data)]
+    arms = sorted({a for a in data["arm"].unique() if "/b" in a and not a.startswith(PILOT)})
+    return Result(fig, _claims(err), notes, gates.gates(data, arms))
+
+
+def _train_panel(ax: plt.Axes, data: pd.DataFrame) -> None:
+    """Each norm's final train loss against b (mean over seeds): how far training got."""
+    for k, a in enumerate(LABELS):
+        table = errors(data, a, "train/loss")
+        if a == FIXED or table.dropna(how="all").empty:
+            continue
+        bs, means, _ = _mean_ci(table)
+        ax.plot(bs, means, "o-", color=f"C{k}", label=LABELS[a])
+    ax.set_title("final train loss (last epoch's mean), mean over seeds", fontsize=9)
+    ax.set_ylabel("train loss (nats)")
+
+
+def _pilot_note(data: pd.DataFrame) -> str:
+    """The pilot's table in words, and the budget it picks by the converged gate's rule."""
+    table = pilot(data)
+    if table.empty:
+        return "Pilot: not in runs.csv."
+    cells = "; ".join(
+        f"{r.arm.removeprefix(PILOT).upper()} {r.epochs:g} epochs: late gain {r.late_gain:+.1%}, "
+        f"train loss {r.train_loss:.3f}, test error {r.test_error:.2f}%"
+        for r in table.itertuples()
+    )
+    chosen = pilot_epochs(table)
+    pick = (
+        f"the fewest epochs at which every norm passes: {chosen:g}"
+        if not math.isnan(chosen)
+        else f"no budget up to {table['epochs'].max():g} epochs passes: the b={BIG} runs' "
+        "train loss is still falling there"
+    )
+    return (
+        f"Pilot (b={BIG}, seed 0, one job per norm and budget; the converged gate's late gain, "
+        f"bound {gates.CONVERGED_GAIN:.0%}): {cells}. Budget by the gate's rule: {pick}."
+    )
 
 
 def _sgd_effect(err: dict[str, pd.DataFrame]) -> str:

@@ -75,6 +75,24 @@ class MLP(nn.Module):
 # --------------------------------------------------------------------------------------------
 
 
+NORM_POSITIONS = ("attn", "mlp", "final")  # the attention input, the FFN input, the final norm
+
+
+def position_norm(norm: NormSpec, position: str, settings: Mapping[str, Any] | None) -> NormSpec:
+    """The norm config of one position with that position's own keyword settings merged in
+    (the DyT paper's LLaMA recipe gives the attention-input, FFN-input and final norms their own
+    alpha0); the norm itself when the position has none."""
+    own = (settings or {}).get(position)
+    if not own:
+        return norm
+    if not isinstance(norm, Mapping):
+        raise ConfigError(
+            f"model.net.norm_at.{position} sets keywords of a norm config; the norm is a "
+            f"callable ({norm!r}): give the position's settings in the callable instead"
+        )
+    return {**norm, **own}
+
+
 class Block(nn.Module):
     """One Transformer block: attention then MLP, each wrapped in the configured placement."""
 
@@ -86,13 +104,15 @@ class Block(nn.Module):
         placement: str,
         norm: NormSpec,
         qk_norm: str | None = None,
+        mlp_norm: NormSpec | None = None,
         **residual_kw: Any,
     ) -> None:
         super().__init__()
         attn = CausalSelfAttention(d_model, n_heads, dropout, qk_norm)
         mlp = MLP(d_model, dropout)
         self.attn = create_residual(placement, attn, d_model, norm, **residual_kw)
-        self.mlp = create_residual(placement, mlp, d_model, norm, **residual_kw)
+        mlp_norm = norm if mlp_norm is None else mlp_norm  # the FFN input's own settings
+        self.mlp = create_residual(placement, mlp, d_model, mlp_norm, **residual_kw)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.attn(x)  # (B, T, D)
@@ -124,8 +144,15 @@ class GPT(nn.Module):
         tie_weights: bool = True,
         qk_norm: str | None = None,
         embed_scale: float | None = None,
+        norm_at: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         super().__init__()
+        unknown = sorted(set(norm_at or {}) - set(NORM_POSITIONS))
+        if unknown:
+            raise ConfigError(
+                f"model.net.norm_at has no position {', '.join(unknown)}: choose among "
+                f"{list(NORM_POSITIONS)}"
+            )
         shape = {"depth": depth, "d_model": d_model, "n_heads": n_heads, "ctx": ctx}
         for key, value in shape.items():
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -158,12 +185,23 @@ class GPT(nn.Module):
         self.embed_scale = None
         if embed_scale is not None:
             self.embed_scale = nn.Parameter(torch.tensor([float(embed_scale)]))
+        attn_norm, mlp_norm = (position_norm(norm, p, norm_at) for p in ("attn", "mlp"))
         self.blocks = nn.ModuleList(
-            Block(D, self.n_heads, self.dropout, self.placement, norm, self.qk_norm, **residual_kw)
+            Block(
+                D,
+                self.n_heads,
+                self.dropout,
+                self.placement,
+                attn_norm,
+                self.qk_norm,
+                mlp_norm,
+                **residual_kw,
+            )  # fmt: skip
             for _ in range(self.depth)
         )
         needs_final = placement_cls.needs_final_norm
-        self.final_norm = tokenwise_norm(norm, D, self.placement) if needs_final else nn.Identity()
+        final = position_norm(norm, "final", norm_at)
+        self.final_norm = tokenwise_norm(final, D, self.placement) if needs_final else nn.Identity()
         self.lm_head = nn.Linear(D, vocab_size, bias=False)
         if tie_weights:
             self.lm_head.weight = self.tok_emb.weight
