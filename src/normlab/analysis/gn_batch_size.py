@@ -137,7 +137,15 @@ def _claims(err: dict[str, pd.DataFrame]) -> list[Claim]:
                 final=True,
             )
         )
+    return claims + _comparison_claims(err)
+
+
+def _comparison_claims(err: dict[str, pd.DataFrame]) -> list[Claim]:
+    """GN against BN at b=2, the order of the four norms at b=32, BN's rise at a fixed SGD
+    batch, and the precise-statistics claims."""
+    bn, gn = err["batchnorm"], err["groupnorm"]
     both = pd.concat([bn.get(SMALL), gn.get(SMALL)], axis=1).dropna() if SMALL in bn else None
+    claims = []
     claims.append(
         Claim(
             f"GN's error is lower than BN's at b={SMALL}",
@@ -278,6 +286,16 @@ def render(data: pd.DataFrame) -> Result:
                 label=LABELS[a] if a != "batchnorm" else "BN, SGD batch 8b (lr scaled)",
             )
     _train_panel(ax_train, data)
+    _decorate(fig, (ax, ax_rel, ax_fix, ax_train))
+    notes = _notes()
+    notes += [_sgd_effect(err), _pilot_note(data)]
+    arms = sorted({a for a in data["arm"].unique() if "/b" in a and not a.startswith(PILOT)})
+    return Result(fig, _claims(err), notes, gates.gates(data, arms))
+
+
+def _decorate(fig: plt.Figure, axes: tuple[plt.Axes, ...]) -> None:
+    """Titles, the b axis (shrinking to the right, as in the paper), labels and legends."""
+    ax, ax_rel, ax_fix, ax_train = axes
     ax_rel.axhspan(-GN_FLAT, GN_FLAT, color="C1", alpha=0.1, label=f"+-{GN_FLAT:g} point")
     ax.set_title("test error, SGD on 8 devices x b images, lr 0.2 x 8b/256", fontsize=9)
     ax_rel.set_title(f"change from b={BIG}, paired by seed (mean, 95% CI)", fontsize=9)
@@ -297,7 +315,11 @@ def render(data: pd.DataFrame) -> Result:
     fig.suptitle("Per-device batch size: BN vs GN, LN, IN on LeNet / Fashion-MNIST "
                  "(GN paper Fig. 1)")  # fmt: skip
     fig.tight_layout()
-    notes = [
+
+
+def _notes() -> list[str]:
+    """What every figure of this reproduction holds fixed and how its arms differ."""
+    return [
         "Network (the same for all four norms): LeNet with conv widths 16 and 32, relu, a norm "
         "after each conv layer (where BN, GN, LN and IN are all defined), none on the fc "
         "layers; GN has 4 groups (4 and 8 channels a group), so it is neither LN nor IN.",
@@ -309,19 +331,14 @@ def render(data: pd.DataFrame) -> Result:
         "trains ResNet-50 for 100 epochs on ImageNet.",
         f"The fixed-batch arm's b={BIG} is the linear-scaling BN job at b={BIG} (identical "
         "config: SGD batch 256, statistics over 32).",
-    ]
-    notes.append(
         "BN, precise statistics (Wu & Johnson 2021): the BN arm's jobs with "
         "callbacks.precise_bn.enabled=true. Training never reads the running statistics, so a "
         "seed trains the same weights as in the BN arm; before each validation and before test "
         "the running mean and variance are replaced by the average of per-batch statistics over "
         "200 training batches of 8b images (whole batches, not the b-image slices BN normalized "
         "by in training), computed with the weights of that moment. Each arm tests its best "
-        "checkpoint by its own validation accuracy."
-    )
-    notes += [_sgd_effect(err), _pilot_note(data)]
-    arms = sorted({a for a in data["arm"].unique() if "/b" in a and not a.startswith(PILOT)})
-    return Result(fig, _claims(err), notes, gates.gates(data, arms))
+        "checkpoint by its own validation accuracy.",
+    ]
 
 
 def _train_panel(ax: plt.Axes, data: pd.DataFrame) -> None:
