@@ -326,9 +326,10 @@ def fit(objects: Objects) -> dict[str, Any]:
     """Fit (and test) what build() made; {'status', 'note' (why not ok), 'metrics', 'seed'}."""
     o = objects
     status, error = "failed", None
+    trackers = o.trainer.loggers  # o.loggers, or a DummyLogger under fast_dev_run (no logs)
     try:
         with _sigterm_ends_run():
-            for tracker in o.loggers:
+            for tracker in trackers:
                 tracker.log_hyperparams(o.hparams)
             o.trainer.fit(
                 o.task, datamodule=o.datamodule, ckpt_path=o.ckpt_path, weights_only=False
@@ -346,7 +347,7 @@ def fit(objects: Objects) -> dict[str, Any]:
             raise SystemExit(128 + signum) from err  # (Lightning's exit after a KeyboardInterrupt)
         raise
     finally:
-        loggers.finish(o.loggers, error, failed=status != "ok")
+        loggers.finish(trackers, error, failed=status != "ok")
     note = getattr(o.task, "run_note", "")
     return {"status": status, "note": note, "metrics": metrics, "seed": o.seed}
 
