@@ -12,6 +12,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 
 from normlab.models.transformer import GPT
 from normlab.norms import _fused_rms, create_norm, rmsnorm
+from normlab.norms._fused_rms import fused_rms_norm
 from normlab.norms.rmsnorm import fast_kernel
 
 FORWARD = torch.ops.normlab.fused_rms_norm.default
@@ -53,6 +54,16 @@ def test_inv_rms_is_not_differentiable():
     y, inv_rms = FORWARD(x, w, 1e-5, 40)
     assert y.requires_grad and not inv_rms.requires_grad
     torch.testing.assert_close(inv_rms, x.detach().pow(2).mean(1, keepdim=True).add(1e-5).rsqrt())
+
+
+def test_double_backward_fails_naming_the_op():
+    # once differentiable, as the autograd.Function it replaced: no silent zero second gradient
+    needs_kernel()
+    x, w = _rows(torch.float64, True, 40)
+    y = fused_rms_norm(x, w, 1e-5, 40)
+    (dx,) = torch.autograd.grad(y.pow(2).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="fused_rms_norm_backward.*no autograd formula"):
+        dx.sum().backward()
 
 
 def test_fast_kernel_choice(monkeypatch):
