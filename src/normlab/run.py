@@ -247,7 +247,14 @@ def build_task(cfg: DictConfig) -> tuple[int, pl.LightningDataModule, pl.Lightni
         keep_heap()
     datamodule: pl.LightningDataModule = instantiate(cfg.data)
     datamodule.prepare_data()  # missing or corrupted files fail here, before anything runs
-    return seed, datamodule, instantiate(cfg.model)
+    try:
+        task = instantiate(cfg.model)
+    except Exception as err:  # a model's ValueError about its arguments: named by config key
+        named = config.name_config_keys(err)
+        if named is None:
+            raise
+        raise named from err
+    return seed, datamodule, task
 
 
 @dataclass
