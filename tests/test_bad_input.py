@@ -14,7 +14,11 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, TINY
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
 
+from normlab.config import name_config_keys
+from normlab.errors import ConfigError
 from normlab.norms import available_norms, create_norm, norm_keywords
 from normlab.norms.base import NormConfigError
 
@@ -127,6 +131,8 @@ ONE_LINE = [
      r"error: data\.ctx=65 is longer than the model's context length model\.net\.ctx=64"),
     ("transformer depth null", ["model=transformer", "model.net.depth=null"],
      r"error: .*model\.net\.depth must be a positive integer, got None"),
+    ("transformer heads not dividing its width", ["model=transformer", "model.net.n_heads=3"],
+     r"error: model\.net\.n_heads=3 does not divide model\.net\.d_model=64"),
     ("GPT QK-norm that is not one", ["model=transformer", "model.net.qk_norm=batchnorm"],
      r"error: model\.net\.qk_norm='batchnorm' is not a QK-norm \(one normalizing each head vector "
      r"over its own features\); valid: dyt, layernorm, none, prmsnorm, rmsnorm or null \(none\)"),
@@ -225,6 +231,35 @@ def test_a_truncated_last_checkpoint_of_a_sweep_job_is_moved_aside_and_the_job_r
     assert f"moved it to {aside}, running the job from scratch" in output
     assert rows(tmp_path)["batch=16"]["status"] == "ok"
     assert last.is_file() and aside.stat().st_size == 1000
+
+
+def test_a_models_own_value_error_is_named_by_its_config_keys(compose, tmp_path):
+    cfg = compose(["model=transformer", "model.net.n_heads=3"], tmp_path)
+    with pytest.raises(InstantiationException) as info:
+        instantiate(cfg.model)
+    cause = info.value.__cause__
+    assert type(cause) is ValueError  # the model speaks of its own arguments
+    assert str(cause) == "n_heads=3 does not divide d_model=64"
+    named = name_config_keys(info.value)
+    assert isinstance(named, ConfigError)
+    assert str(named) == "model.net.n_heads=3 does not divide model.net.d_model=64"
+
+
+def test_only_a_value_error_naming_the_class_arguments_is_renamed():
+    def failed(cause: Exception) -> InstantiationException:
+        message = f"Error in call to target 'normlab.models.transformer.GPT':\n{cause!r}"
+        err = InstantiationException(f"{message}\nfull_key: model.net")
+        err.__cause__ = cause
+        return err
+
+    assert (
+        str(name_config_keys(failed(ValueError("ctx must be >= 1"))))
+        == "model.net.ctx must be >= 1"
+    )
+    assert name_config_keys(failed(ValueError("the context of depth"))) is None  # no argument
+    assert name_config_keys(failed(ConfigError("depth must be"))) is None  # names itself
+    assert name_config_keys(failed(TypeError("depth=None"))) is None
+    assert name_config_keys(ValueError("depth must be")) is None  # not from instantiate
 
 
 @pytest.mark.parametrize("case,args,words", CASES, ids=[c[0] for c in CASES])

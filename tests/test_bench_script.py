@@ -18,6 +18,7 @@ def tiny_bench(monkeypatch, tmp_path):
     monkeypatch.setattr(norms, "SEQ", (2, 3, 64))  # GroupNorm: 32 groups
     monkeypatch.setattr(bench, "OUT", tmp_path)
     monkeypatch.setattr(norms, "MIN_TOTAL_S", 0.02)
+    monkeypatch.setattr(norms, "COMPILE_BACKEND", "eager")  # dynamo's graph, no compiler
     same = [*TINY, "test=false", "batch=16"]
     monkeypatch.setattr(train, "TRAIN_CASES", {"lenet": (same, 2), "lenet_extra": (same, 2)})
     monkeypatch.setattr(train, "EXTRA_WORK", {"lenet_extra": "+ work the hand loop does not do"})
@@ -51,6 +52,11 @@ def test_norms_part_rates_every_impl_against_its_baseline(tiny_bench, capsys):
     rms = next(r for r in rows if r["norm"] == "rmsnorm" and r["layer"] == "normlab fast"
                and r["shape"] == "2x3x64")  # fmt: skip
     assert float(rms["vs_layernorm"]) > 0
+    for shape in ("4x8x3x3", "2x3x64"):  # the fused op against torch.compile(nn.RMSNorm)
+        row = next(r for r in rows if r["norm"] == "rmsnorm" and r["shape"] == shape
+                   and r["layer"].startswith("torch.compile(RMSNorm"))  # fmt: skip
+        assert float(row["fast_vs_compiled"]) > 0 and float(row["ms"]) > 0
+        assert row["note"] == f"normlab fast {float(row['fast_vs_compiled']):.3f}x this"
     assert "| normlab reference |" in capsys.readouterr().out
     md = (tiny_bench / "norms.md").read_text()
     assert "`python scripts/bench.py norms --rounds 1 --threads 1`: torch" in md

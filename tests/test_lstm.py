@@ -14,7 +14,6 @@ from conftest import TINY
 from test_norm_stats import hooked_layers
 from test_train import metrics_rows
 
-from normlab.errors import ConfigError
 from normlab.models.lstm import LSTMLM, LSTMLayer
 from normlab.norms import Norm, NormConfigError, available_norms, norm_traits, norms_with
 
@@ -203,11 +202,11 @@ def test_every_registry_norm_either_builds_an_lstm_or_is_refused_naming_layer_an
 
 
 def test_bad_sizes_are_named():
-    with pytest.raises(ConfigError, match="hidden_size must be a positive integer, got 0"):
+    with pytest.raises(ValueError, match="^hidden_size must be a positive integer, got 0$"):
         lstm(hidden_size=0)
-    with pytest.raises(ConfigError, match="model.net.num_layers must be a positive integer"):
+    with pytest.raises(ValueError, match="^num_layers must be a positive integer"):
         lstm(num_layers=1.5)
-    with pytest.raises(ConfigError, match=r"model.net.dropout must be in \[0, 1\), got 1"):
+    with pytest.raises(ValueError, match=r"^dropout must be in \[0, 1\), got 1$"):
         lstm(dropout=1)
     with pytest.raises(NormConfigError, match="layers.0.norm_x .*eps must be a finite number"):
         lstm({"name": "layernorm", "eps": 0})

@@ -6,7 +6,6 @@ import pytest
 import torch
 from torch import nn
 
-from normlab.errors import ConfigError
 from normlab.models.lenet import LeNet
 
 BN = {"name": "batchnorm"}
@@ -34,8 +33,8 @@ def test_max_pooling():
     )
 
 
-def test_bad_pooling_names_the_key_and_the_choices():
-    with pytest.raises(ConfigError, match=r"model.net.pool='min': choose one of \['avg', 'max'\]"):
+def test_bad_pooling_names_the_argument_and_the_choices():
+    with pytest.raises(ValueError, match=r"^pool='min': choose one of \['avg', 'max'\]$"):
         LeNet(BN, pool="min")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import inspect
 import math
 import os
 import re
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from normlab.errors import ConfigError
+from normlab.errors import ConfigError, UserError
 
 PROGRESS = ("bar", "epoch", "none")  # what a run shows while it trains (conf/train.yaml)
 # conf/model/<name>.yaml -> the conf/data/<name>.yaml it trains on (images or characters)
@@ -150,6 +151,35 @@ def import_plugins(cfg: DictConfig) -> None:
                 f"plugins: cannot import {name!r}: {type(err).__name__}: {first} "
                 "(module names are looked up on sys.path: train.py's dir and PYTHONPATH)"
             ) from err
+
+
+# what Hydra's InstantiationException says: the class it called and the config node it built
+_TARGET = re.compile(r"Error in call to target '([\w.]+)'")
+_FULL_KEY = re.compile(r"^full_key: (\S+)$", re.M)
+
+
+def name_config_keys(err: BaseException) -> ConfigError | None:
+    """A class's own ValueError about its arguments, raised while Hydra built a config node, as
+    the one-line ConfigError users read: each argument it names (`depth must be ...`,
+    `n_heads=3 does not divide d_model=64`) becomes the node's key (`model.net.depth must be
+    ...`). None for anything else: a UserError names its cause already, and a message naming
+    none of the class's arguments is not about the config."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import get_object
+
+    cause = err.__cause__ if isinstance(err, InstantiationException) else None
+    if not isinstance(cause, ValueError) or isinstance(cause, UserError):
+        return None
+    target, node = _TARGET.search(str(err)), _FULL_KEY.search(str(err))
+    if target is None or node is None:
+        return None
+    try:
+        arguments = list(inspect.signature(get_object(target.group(1))).parameters)
+    except (ImportError, TypeError, ValueError):  # no signature to read the names from
+        return None
+    names = "|".join(sorted(map(re.escape, arguments), key=len, reverse=True))
+    keyed, found = re.subn(rf"(?<![\w.])({names})(?==| must )", rf"{node.group(1)}.\1", str(cause))
+    return ConfigError(keyed) if found else None
 
 
 def validate(cfg: DictConfig) -> None:

@@ -247,7 +247,14 @@ def build_task(cfg: DictConfig) -> tuple[int, pl.LightningDataModule, pl.Lightni
         keep_heap()
     datamodule: pl.LightningDataModule = instantiate(cfg.data)
     datamodule.prepare_data()  # missing or corrupted files fail here, before anything runs
-    return seed, datamodule, instantiate(cfg.model)
+    try:
+        task = instantiate(cfg.model)
+    except Exception as err:  # a model's ValueError about its arguments: named by config key
+        named = config.name_config_keys(err)
+        if named is None:
+            raise
+        raise named from err
+    return seed, datamodule, task
 
 
 @dataclass
@@ -326,9 +333,10 @@ def fit(objects: Objects) -> dict[str, Any]:
     """Fit (and test) what build() made; {'status', 'note' (why not ok), 'metrics', 'seed'}."""
     o = objects
     status, error = "failed", None
+    trackers = o.trainer.loggers  # o.loggers, or a DummyLogger under fast_dev_run (no logs)
     try:
         with _sigterm_ends_run():
-            for tracker in o.loggers:
+            for tracker in trackers:
                 tracker.log_hyperparams(o.hparams)
             o.trainer.fit(
                 o.task, datamodule=o.datamodule, ckpt_path=o.ckpt_path, weights_only=False
@@ -346,7 +354,7 @@ def fit(objects: Objects) -> dict[str, Any]:
             raise SystemExit(128 + signum) from err  # (Lightning's exit after a KeyboardInterrupt)
         raise
     finally:
-        loggers.finish(o.loggers, error, failed=status != "ok")
+        loggers.finish(trackers, error, failed=status != "ok")
     note = getattr(o.task, "run_note", "")
     return {"status": status, "note": note, "metrics": metrics, "seed": o.seed}
 

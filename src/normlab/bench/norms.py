@@ -2,6 +2,9 @@
 against the torch.nn layer (and timm's where it has one), at a CNN shape (256, 16, 14, 14) and a
 Transformer shape (64, 256, 512); float32 on CPU, plus float32 and bf16 on a GPU if present.
 Target: fast <= 1.05x the torch layer; manual and reference are reported, not targeted.
+RMSNorm's cases also time torch.compile(nn.RMSNorm) (inductor, fullgraph): the fused op
+against what the compiler makes of torch's layer at the same shape (compilation happens in the
+untimed warmup rounds).
 
 The layers of a case are called in turn, in a random order each round, the ratio taken per
 round, then the median over rounds (timing.interleaved).
@@ -28,6 +31,7 @@ MIN_TOTAL_S = 3.0  # at ROUNDS: seconds of calls of each case's slowest layer (m
 COLUMNS = ["device", "dtype", "shape", "norm", "layer", "ms", "time_ratio", "act_MiB",
            "mem_ratio", "target", "ok", "note"]  # fmt: skip
 TITLE = "Norms: forward + backward, ratio to the first torch layer of each group"
+COMPILE_BACKEND = "inductor"  # torch.compile's backend for the compiled torch RMSNorm rows
 
 
 class ChannelsLast(nn.Module):
@@ -54,6 +58,11 @@ class NormCase:
     extra: dict[str, Callable[[], nn.Module]] = field(default_factory=dict)
 
 
+def compiled(make: Callable[[], nn.Module]) -> Callable[[], nn.Module]:
+    """A maker of torch.compile(make()): one graph (fullgraph), COMPILE_BACKEND."""
+    return lambda: torch.compile(make(), backend=COMPILE_BACKEND, fullgraph=True)
+
+
 def norm_cases() -> list[NormCase]:
     from timm import layers as timm_layers
 
@@ -74,7 +83,8 @@ def norm_cases() -> list[NormCase]:
         }, note="over (C, H, W), per-channel affine"),
         NormCase(CNN, "rmsnorm", {"channel_dim": 1}, {
             "torch RMSNorm(C,H,W)": lambda: nn.RMSNorm(CNN[1:]),
-        }, note="over (C, H, W); torch's weight is per element"),
+        }, note="over (C, H, W); torch's weight is per element",
+            extra={"torch.compile(RMSNorm(C,H,W))": compiled(lambda: nn.RMSNorm(CNN[1:]))}),
         NormCase(CNN, "prmsnorm", {"channel_dim": 1}, {
             "torch RMSNorm(C,H,W)": lambda: nn.RMSNorm(CNN[1:]),
         }, note="rms of the first 1/16 of the channels"),
@@ -85,7 +95,10 @@ def norm_cases() -> list[NormCase]:
         NormCase(SEQ, "rmsnorm", {}, {
             "torch RMSNorm": lambda: nn.RMSNorm(d),
             "timm RmsNorm": lambda: timm_layers.RmsNorm(d),
-        }, extra={"torch LayerNorm": lambda: nn.LayerNorm(d)}),
+        }, extra={
+            "torch LayerNorm": lambda: nn.LayerNorm(d),
+            "torch.compile(RMSNorm)": compiled(lambda: nn.RMSNorm(d)),
+        }),
         NormCase(SEQ, "prmsnorm", {}, {"torch RMSNorm": lambda: nn.RMSNorm(d)},
                  note="rms of the first 32 of 512 features"),
         NormCase(SEQ, "batchnorm", {"channel_dim": -1}, {
@@ -156,6 +169,10 @@ def _norm_rows(case: NormCase, device: str, dtype: torch.dtype, rounds: int) -> 
             vs_ln = ratio(times, name, "torch LayerNorm")
             row["vs_layernorm"] = round(vs_ln, 3)
             row["note"] = f"{vs_ln:.3f}x torch LayerNorm (target <= {RMS_VS_LN_TARGET})"
+        if name.startswith("torch.compile"):  # the fused op against the compiled torch layer
+            fast_vs = ratio(times, "normlab fast", name)
+            row["fast_vs_compiled"] = round(fast_vs, 3)
+            row["note"] = f"normlab fast {fast_vs:.3f}x this"
         rows.append(row)
     return rows
 

@@ -64,7 +64,7 @@ class LastCheckpoint(Checkpoint):
         self._csv_rows: int | None = None  # what the save under way stores as csv_rows
 
     def save(self, trainer: pl.Trainer, after_batch: bool = False) -> None:
-        if trainer.sanity_checking:
+        if trainer.sanity_checking or trainer.fast_dev_run:  # no checkpoint, as ModelCheckpoint
             return
         self._pending = False
         for logger in trainer.loggers:

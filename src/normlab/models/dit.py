@@ -363,9 +363,7 @@ class DiT(nn.Module):
         super().__init__()
         qk_norm = check_qk_norm(qk_norm)  # a tokenwise family or None
         if conditioning not in CONDITIONINGS:
-            raise ConfigError(
-                f"dit: conditioning={conditioning!r} is not one of {list(CONDITIONINGS)}"
-            )
+            raise ValueError(f"conditioning={conditioning!r} is not one of {list(CONDITIONINGS)}")
         shape = {
             "hidden_size": hidden_size,
             "depth": depth,
@@ -374,12 +372,12 @@ class DiT(nn.Module):
         }
         for key, value in shape.items():
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"dit: {key} must be a positive integer, got {value!r}")
+                raise ValueError(f"{key} must be a positive integer, got {value!r}")
         D, p = hidden_size, patch_size
         if input_size % p:
-            raise ConfigError(f"dit: patch_size={p} does not divide input_size={input_size}")
+            raise ValueError(f"patch_size={p} does not divide input_size={input_size}")
         if D % num_heads:
-            raise ConfigError(f"dit: num_heads={num_heads} does not divide hidden_size={D}")
+            raise ValueError(f"num_heads={num_heads} does not divide hidden_size={D}")
         if isinstance(norm, Mapping):  # a config: eps replaced below (a callable sets its own)
             norm = dict(norm)
             if norm_eps is not None and "eps" in norm_keywords(norm.get("name")):

@@ -64,17 +64,15 @@ class LeNet(nn.Module):
         if len(widths) != 2 or not all(
             isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in widths
         ):
-            raise ConfigError(
-                f"model.net.channels={channels!r}: need exactly 2 positive integers "
+            raise ValueError(
+                f"channels={channels!r}: need exactly 2 positive integers "
                 "(the widths of conv1 and conv2), e.g. [6, 16]"
             )
         c1, c2 = widths
         if activation not in ACTIVATIONS:
-            raise ConfigError(
-                f"model.net.activation={activation!r}: choose one of {list(ACTIVATIONS)}"
-            )
+            raise ValueError(f"activation={activation!r}: choose one of {list(ACTIVATIONS)}")
         if pool not in POOLS:
-            raise ConfigError(f"model.net.pool={pool!r}: choose one of {list(POOLS)}")
+            raise ValueError(f"pool={pool!r}: choose one of {list(POOLS)}")
         if fc_norm == "auto":
             traits = spec_traits(norm)
             fc_norm = NONE if traits is not None and traits.spatial else norm

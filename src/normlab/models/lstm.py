@@ -24,7 +24,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from normlab.errors import ConfigError
 from normlab.norms import (
     NormConfigError,
     NormSpec,
@@ -136,11 +135,11 @@ class LSTMLM(nn.Module):
         sizes = {"hidden_size": hidden_size, "num_layers": num_layers, "emb_dim": emb_dim}
         for key, value in {**sizes, "ctx": ctx, "vocab_size": vocab_size}.items():
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"model.net.{key} must be a positive integer, got {value!r}")
+                raise ValueError(f"{key} must be a positive integer, got {value!r}")
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
-            raise ConfigError(f"model.net.dropout must be a number in [0, 1), got {dropout!r}")
+            raise ValueError(f"dropout must be a number in [0, 1), got {dropout!r}")
         if not 0 <= dropout < 1:
-            raise ConfigError(f"model.net.dropout must be in [0, 1), got {dropout!r}")
+            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
         self.vocab_size, self.hidden_size, self.num_layers = vocab_size, hidden_size, num_layers
         self.emb_dim, self.ctx, self.dropout = emb_dim, ctx, float(dropout)
         self.tok_emb = nn.Embedding(vocab_size, emb_dim)

@@ -7,7 +7,6 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from normlab.errors import ConfigError
 from normlab.models.lenet import ACTIVATIONS, norm_for_layer
 from normlab.norms import NormSpec
 
@@ -35,16 +34,14 @@ class MLP(nn.Module):
     ):
         super().__init__()
         if activation not in ACTIVATIONS:
-            raise ConfigError(
-                f"model.net.activation={activation!r}: choose one of {list(ACTIVATIONS)}"
-            )
+            raise ValueError(f"activation={activation!r}: choose one of {list(ACTIVATIONS)}")
         is_list = isinstance(hidden, Sequence) and not isinstance(hidden, str)
         widths = list(hidden) if is_list else []  # Hydra's ListConfig is a Sequence
         if not widths or not all(
             isinstance(w, int) and not isinstance(w, bool) and w > 0 for w in widths
         ):
-            raise ConfigError(
-                f"model.net.hidden={hidden!r}: need a non-empty list of positive integers "
+            raise ValueError(
+                f"hidden={hidden!r}: need a non-empty list of positive integers "
                 "(the hidden widths), e.g. [100, 100, 100]"
             )
         act = ACTIVATIONS[activation]

@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from normlab.errors import ConfigError
 from normlab.norms import NormSpec
 from normlab.norms.qknorm import check_qk_norm, create_qk_norm
 from normlab.norms.residual import create_residual, placement_class, tokenwise_norm
@@ -156,17 +155,15 @@ class GPT(nn.Module):
         shape = {"depth": depth, "d_model": d_model, "n_heads": n_heads, "ctx": ctx}
         for key, value in shape.items():
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"model.net.{key} must be a positive integer, got {value!r}")
+                raise ValueError(f"{key} must be a positive integer, got {value!r}")
         if (
             isinstance(dropout, bool)
             or not isinstance(dropout, (int, float))
             or not 0 <= dropout <= 1
         ):
-            raise ConfigError(f"model.net.dropout must be a number in [0, 1], got {dropout!r}")
+            raise ValueError(f"dropout must be a number in [0, 1], got {dropout!r}")
         if d_model % n_heads:
-            raise ConfigError(
-                f"model.net.n_heads={n_heads} does not divide model.net.d_model={d_model}"
-            )
+            raise ValueError(f"n_heads={n_heads} does not divide d_model={d_model}")
         self.vocab_size, self.depth, self.d_model = vocab_size, depth, d_model
         self.n_heads, self.ctx, self.dropout = n_heads, ctx, dropout
         placement_cls = placement_class(placement["name"])

@@ -7,6 +7,10 @@ The C++ source is compiled on first use into torch's extension cache
 (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions; needs a C++ compiler and ninja) and
 reused afterwards. When it cannot be built, RMSNorm's fast path stays on pure torch ops
 (normlab.norms.rmsnorm.RMSNormFunction) after one warning. NORMLAB_FUSED_RMS=0 switches it off.
+
+The kernel is a torch op, `torch.ops.normlab.fused_rms_norm` (and `fused_rms_norm_backward`),
+with a fake (shape-only) implementation and its gradient registered: torch.compile traces it
+into its graph (no graph break) and torch.export keeps it as one node.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import warnings
 from pathlib import Path
 
 import torch
-from torch.autograd.function import once_differentiable
+from torch import Tensor
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +41,14 @@ def _cpu_tag() -> str | None:
     return hashlib.sha1(flags.encode()).hexdigest()[:8]
 
 
-@functools.cache
+@torch.compiler.assume_constant_result  # torch.compile reads the answer as a constant
 def available() -> bool:
     """Build (or load from the cache) the kernel once per process; False if that fails."""
+    return _build()
+
+
+@functools.cache  # not on available(): torch.compile traces through a cached function
+def _build() -> bool:
     if os.environ.get("NORMLAB_FUSED_RMS", "1") == "0":
         return False
     try:
@@ -69,39 +78,92 @@ def available() -> bool:
         warnings.warn(
             f"normlab: the fused RMSNorm kernel could not be built ({type(err).__name__}: "
             f"{str(err)[:300]}); RMSNorm uses its pure-torch fast path",
-            stacklevel=2,
+            stacklevel=3,  # the caller of available()
         )
         return False
     return True
 
 
-def supports(x: torch.Tensor, weight: torch.Tensor | None) -> bool:
-    """Whether the fused kernel can take this input: CPU, a float dtype shared with the weight."""
-    return (
-        x.device.type == "cpu"
-        and x.dtype in DTYPES
-        and (weight is None or (weight.dtype == x.dtype and weight.device == x.device))
-        and not torch.compiler.is_compiling()
-        and available()
-    )
+# ---------------------------------------------------------------------------------------------
+# The ops: the C++ kernels behind torch.library custom ops
+# ---------------------------------------------------------------------------------------------
 
 
-class FusedRMSNormFunction(torch.autograd.Function):
+def _require_kernel() -> None:
+    if not available():
+        raise RuntimeError("normlab: the fused RMSNorm kernel is not built (see the warning)")
+
+
+@torch.library.custom_op(
+    "normlab::fused_rms_norm",
+    mutates_args=(),
+    device_types="cpu",
+    schema="(Tensor x, Tensor? weight, float eps, SymInt k) -> (Tensor, Tensor)",
+)
+def fused_rms_norm_op(
+    x: Tensor, weight: Tensor | None, eps: float, k: int
+) -> tuple[Tensor, Tensor]:
+    """(y, inv_rms) for contiguous rows x (R, D): y = x * inv_rms * w, inv_rms (R, 1) in the
+    accumulation dtype (float32 for float16/bfloat16), the rms from the first k features."""
+    _require_kernel()
+    return torch.ops.normlab_rms.forward(x, weight, eps, k)
+
+
+@fused_rms_norm_op.register_fake
+def _(x: Tensor, weight: Tensor | None, eps: float, k: int) -> tuple[Tensor, Tensor]:
+    torch._check(x.dim() == 2, lambda: "rms: x must be a (R, D) tensor")
+    inv_rms = x.new_empty((x.shape[0], 1), dtype=torch.promote_types(x.dtype, torch.float32))
+    return torch.empty_like(x), inv_rms
+
+
+@torch.library.custom_op(
+    "normlab::fused_rms_norm_backward",
+    mutates_args=(),
+    device_types="cpu",
+    schema="(Tensor dy, Tensor x, Tensor? weight, Tensor inv_rms, SymInt k, bool need_dx, "
+    "bool need_dw) -> (Tensor, Tensor)",
+)
+def fused_rms_norm_backward_op(
+    dy: Tensor,
+    x: Tensor,
+    weight: Tensor | None,
+    inv_rms: Tensor,
+    k: int,
+    need_dx: bool,
+    need_dw: bool,
+) -> tuple[Tensor, Tensor]:
+    """(dx, dw) of fused_rms_norm; one not asked for (or dw with no weight) is an empty tensor."""
+    _require_kernel()
+    return torch.ops.normlab_rms.backward(dy, x, weight, inv_rms, k, need_dx, need_dw)
+
+
+@fused_rms_norm_backward_op.register_fake
+def _(dy, x, weight, inv_rms, k, need_dx, need_dw):
+    dx = torch.empty_like(x) if need_dx else x.new_empty(0)
+    dw = torch.empty_like(weight) if need_dw and weight is not None else x.new_empty(0)
+    return dx, dw
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    x, weight, _, k = inputs
+    inv_rms = output[1]
+    ctx.mark_non_differentiable(inv_rms)  # a statistic handed out for backward, not a result
+    ctx.save_for_backward(x, weight, inv_rms)
+    ctx.k = k
+
+
+def _backward(ctx, dy: Tensor, _: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
+    x, weight, inv_rms = ctx.saved_tensors
+    need_x = ctx.needs_input_grad[0]
+    need_w = weight is not None and ctx.needs_input_grad[1]
+    dx, dw = fused_rms_norm_backward_op(dy, x, weight, inv_rms, ctx.k, need_x, need_w)
+    return (dx if need_x else None, dw if need_w else None, None, None)
+
+
+# once differentiable: the backward op has no gradient of its own
+fused_rms_norm_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def fused_rms_norm(x: Tensor, weight: Tensor | None, eps: float, k: int) -> Tensor:
     """y = x / rms * w over rows of a (R, D) input, rms from the first k features (C++ kernel)."""
-
-    @staticmethod
-    def forward(ctx, x, weight, eps, k):
-        x = x.contiguous()
-        y, inv_rms = torch.ops.normlab_rms.forward(x, weight, float(eps), int(k))
-        ctx.save_for_backward(x, weight, inv_rms)
-        ctx.k = int(k)
-        return y
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dy):
-        x, weight, inv_rms = ctx.saved_tensors
-        need_x = ctx.needs_input_grad[0]
-        need_w = weight is not None and ctx.needs_input_grad[1]
-        dx, dw = torch.ops.normlab_rms.backward(dy, x, weight, inv_rms, ctx.k, need_x, need_w)
-        return (dx if need_x else None, dw if need_w else None, None, None)
+    return fused_rms_norm_op(x.contiguous(), weight, float(eps), k)[0]

@@ -6,10 +6,11 @@ import math
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from normlab.norms import _fused_rms
-from normlab.norms._fused_rms import FusedRMSNormFunction
+from normlab.norms._fused_rms import fused_rms_norm
 from normlab.norms.base import Norm, NormConfigError, channel_view, check_eps, stats_dtype
 from normlab.norms.layernorm import check_one_feature_dim, trailing_shape
 from normlab.norms.registry import register_norm
@@ -103,6 +104,25 @@ class RMSNormFunction(torch.autograd.Function):
         return dx.to(x_dtype), dw, None, None
 
 
+def fast_kernel(
+    device: str, dtype: torch.dtype, weight_dtype: torch.dtype | None, full: bool
+) -> str:
+    """The kernel of RMSNorm's fast path for rows of `dtype` on `device` (a device type), with a
+    weight of `weight_dtype` (None: no weight); `full`: the rms uses every feature (k = D).
+
+    "torch": F.rms_norm, torch's fused kernel on CUDA (it has no partial rms);
+    "fused": normlab's C++ op (torch.ops.normlab.fused_rms_norm) on CPU where it is built,
+    for a weight of the input's dtype;
+    "manual": RMSNormFunction, torch ops with the gradient written out (any device and dtype).
+    """
+    if device == "cuda" and full:
+        return "torch"
+    takes_weight = weight_dtype is None or weight_dtype == dtype
+    if device == "cpu" and dtype in _fused_rms.DTYPES and takes_weight and _fused_rms.available():
+        return "fused"
+    return "manual"
+
+
 @register_norm("rmsnorm", aliases=("rms",))
 class RMSNorm(Norm):
     """RMSNorm over the trailing dims `normalized_shape` of (..., *normalized_shape).
@@ -168,11 +188,18 @@ class RMSNorm(Norm):
         return weight
 
     def _fast(self, x: torch.Tensor) -> torch.Tensor:
-        # the fused C++ kernel where it takes the input (CPU, weight in x's dtype), else manual's
+        # torch's F.rms_norm on CUDA, the fused C++ op on CPU, else manual's (fast_kernel)
         rows, spatial, k = self._rows(x)
         weight = self._row_weight(spatial)
-        fn = FusedRMSNormFunction if _fused_rms.supports(rows, weight) else RMSNormFunction
-        return fn.apply(rows, weight, self._eps(x), k).view(x.shape)
+        w_dtype = None if weight is None else weight.dtype
+        kernel = fast_kernel(rows.device.type, rows.dtype, w_dtype, k == rows.shape[1])
+        if kernel == "torch":
+            y = F.rms_norm(rows, (rows.shape[1],), weight, self._eps(x))
+        elif kernel == "fused":
+            y = fused_rms_norm(rows, weight, self._eps(x), k)
+        else:
+            y = RMSNormFunction.apply(rows, weight, self._eps(x), k)
+        return y.view(x.shape)
 
     def _manual(self, x: torch.Tensor) -> torch.Tensor:
         # RMSNormFunction: torch ops with the gradient written out (any device and dtype)
