@@ -178,17 +178,22 @@ def seeds_to_decide(claims_csv: Path, cap: int) -> int | None:
     return min(cap, int(open_["planned_seeds"].max())) if len(open_) else None
 
 
-def decide(name: str, jobs: int, root: Path, grids: list[str] | None) -> Path:
+QUICK_CAP = 3  # --decide --quick: a smoke test of the plan, one seed past the quick ones
+
+
+def decide(name: str, quick: bool, jobs: int, root: Path, grids: list[str] | None) -> Path:
     """Seeds to a decision: the reproduction at its initial seeds, then, once, at the seeds its
     undecided claims plan for (up to the declared cap), the jobs already run reused."""
     repro = REPRODUCTIONS[name]
-    md = reproduce(name, False, jobs, root, repro.initial_seeds, grids)
-    planned = seeds_to_decide(md.with_suffix(".claims.csv"), repro.seed_cap)
-    if planned is None or planned <= repro.initial_seeds:
-        print(f"{name}: no undecided claim plans more than {repro.initial_seeds} seeds")
+    initial = default_seeds(quick, name)
+    cap = QUICK_CAP if quick else repro.seed_cap
+    md = reproduce(name, quick, jobs, root, initial, grids)
+    planned = seeds_to_decide(md.with_suffix(".claims.csv"), cap)
+    if planned is None or planned <= initial:
+        print(f"{name}: no undecided claim plans more than {initial} seeds")
         return md
-    print(f"{name}: undecided claims plan {planned} seeds (cap {repro.seed_cap}); running them")
-    return reproduce(name, False, jobs, root, planned, grids)
+    print(f"{name}: undecided claims plan {planned} seeds (cap {cap}); running them")
+    return reproduce(name, quick, jobs, root, planned, grids)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -240,9 +245,9 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"NAME must be one of {list(REPRODUCTIONS)} or 'all', got {args.name!r}")
     if args.plugin and not args.norm:
         parser.error("--plugin goes with --norm (the norm it registers)")
-    if args.decide and (args.quick or args.seeds or args.norm):
-        parser.error("--decide plans its own seeds at the full budget: not with --quick, "
-                     "--seeds or --norm")  # fmt: skip
+    if args.decide and (args.seeds or args.norm or args.collect or args.redraw):
+        parser.error("--decide plans its own seeds: not with --seeds, --norm, --collect or "
+                     "--redraw")  # fmt: skip
     if (args.grids or args.norm) and args.name == "all":
         parser.error("--grids and --norm take one NAME, not 'all'")
     grids = [g for g in args.grids.split(",") if g] if args.grids else None
@@ -254,7 +259,7 @@ def main(argv: list[str] | None = None) -> None:
                 paths = redraw(name, args.quick, args.root.resolve(), args.norm)
                 print(f"{name}: redrew {paths['md']} from {paths['runs']}")
             elif args.decide:
-                decide(name, args.jobs, args.root.resolve(), grids)
+                decide(name, args.quick, args.jobs, args.root.resolve(), grids)
             else:
                 reproduce(name, args.quick, args.jobs, args.root.resolve(), args.seeds, grids,
                           args.norm, args.plugin, args.collect)  # fmt: skip

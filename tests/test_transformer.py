@@ -297,9 +297,9 @@ def test_norm_at_gives_each_position_its_own_norm_keywords():
     assert model.final_norm.alpha.item() == pytest.approx(0.1)
     plain = GPT(65, {"name": "pre"}, dyt, depth=2, d_model=32, n_heads=2, ctx=16)
     assert {m.alpha.item() for m in plain.modules() if hasattr(m, "alpha")} == {0.5}
-    with pytest.raises(ConfigError, match="no position ffn"):
+    with pytest.raises(ValueError, match="norm_at has no position ffn"):
         GPT(65, {"name": "pre"}, dyt, depth=2, d_model=32, n_heads=2, ctx=16,
             norm_at={"ffn": {"alpha0": 1.0}})  # fmt: skip
-    with pytest.raises(ConfigError, match="callable"):
+    with pytest.raises(ValueError, match="callable"):
         GPT(65, {"name": "pre"}, torch.nn.LayerNorm, depth=2, d_model=32, n_heads=2, ctx=16,
             norm_at=at)  # fmt: skip

@@ -58,9 +58,7 @@ class MLP(nn.Module):
         self.layers = nn.Sequential(layers)
         if init_std is not None:
             if not init_std > 0:
-                raise ConfigError(
-                    f"model.net.init_std={init_std!r}: need a positive number or null"
-                )
+                raise ValueError(f"init_std must be a positive number or None, got {init_std!r}")
             for module in self.layers:
                 if isinstance(module, nn.Linear):  # the paper's init, the baseline's too
                     nn.init.normal_(module.weight, std=init_std)

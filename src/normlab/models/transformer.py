@@ -85,11 +85,30 @@ def position_norm(norm: NormSpec, position: str, settings: Mapping[str, Any] | N
     if not own:
         return norm
     if not isinstance(norm, Mapping):
-        raise ConfigError(
-            f"model.net.norm_at.{position} sets keywords of a norm config; the norm is a "
-            f"callable ({norm!r}): give the position's settings in the callable instead"
+        raise ValueError(
+            f"norm_at.{position} sets keywords of a norm config; the norm is a callable "
+            f"({norm!r}): give the position's settings in the callable instead"
         )
     return {**norm, **own}
+
+
+def check_shape(
+    depth: int, d_model: int, n_heads: int, ctx: int, dropout: float, norm_at: Mapping | None
+) -> None:
+    """A GPT's arguments, checked before anything is built (ValueError naming the argument)."""
+    unknown = sorted(set(norm_at or {}) - set(NORM_POSITIONS))
+    if unknown:
+        raise ValueError(
+            f"norm_at has no position {', '.join(unknown)}: choose among {list(NORM_POSITIONS)}"
+        )
+    shape = {"depth": depth, "d_model": d_model, "n_heads": n_heads, "ctx": ctx}
+    for key, value in shape.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{key} must be a positive integer, got {value!r}")
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout <= 1:
+        raise ValueError(f"dropout must be a number in [0, 1], got {dropout!r}")
+    if d_model % n_heads:
+        raise ValueError(f"n_heads={n_heads} does not divide d_model={d_model}")
 
 
 class Block(nn.Module):
@@ -146,24 +165,7 @@ class GPT(nn.Module):
         norm_at: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         super().__init__()
-        unknown = sorted(set(norm_at or {}) - set(NORM_POSITIONS))
-        if unknown:
-            raise ConfigError(
-                f"model.net.norm_at has no position {', '.join(unknown)}: choose among "
-                f"{list(NORM_POSITIONS)}"
-            )
-        shape = {"depth": depth, "d_model": d_model, "n_heads": n_heads, "ctx": ctx}
-        for key, value in shape.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{key} must be a positive integer, got {value!r}")
-        if (
-            isinstance(dropout, bool)
-            or not isinstance(dropout, (int, float))
-            or not 0 <= dropout <= 1
-        ):
-            raise ValueError(f"dropout must be a number in [0, 1], got {dropout!r}")
-        if d_model % n_heads:
-            raise ValueError(f"n_heads={n_heads} does not divide d_model={d_model}")
+        check_shape(depth, d_model, n_heads, ctx, dropout, norm_at)
         self.vocab_size, self.depth, self.d_model = vocab_size, depth, d_model
         self.n_heads, self.ctx, self.dropout = n_heads, ctx, dropout
         placement_cls = placement_class(placement["name"])
