@@ -18,7 +18,7 @@ import pandas as pd
 
 from normlab.analysis import gates
 from normlab.analysis.logs import Run
-from normlab.analysis.report import Claim, Result
+from normlab.analysis.report import Claim, Result, markdown_table
 from normlab.analysis.stats import ABOVE, Interval
 
 # ----- the paper's numbers (Wu & He 2018, ResNet-50 on ImageNet, val error %) ------------------
@@ -288,9 +288,10 @@ def render(data: pd.DataFrame) -> Result:
     _train_panel(ax_train, data)
     _decorate(fig, (ax, ax_rel, ax_fix, ax_train))
     notes = _notes()
-    notes += [_sgd_effect(err), _pilot_note(data)]
+    notes.append(_sgd_effect(err))
     arms = sorted({a for a in data["arm"].unique() if "/b" in a and not a.startswith(PILOT)})
-    return Result(fig, _claims(err), notes, gates.gates(data, arms))
+    sections = {"Pilot: the budget at which b=32 converges": _pilot_section(data)}
+    return Result(fig, _claims(err), notes, gates.gates(data, arms), sections)
 
 
 def _decorate(fig: plt.Figure, axes: tuple[plt.Axes, ...]) -> None:
@@ -353,16 +354,19 @@ def _train_panel(ax: plt.Axes, data: pd.DataFrame) -> None:
     ax.set_ylabel("train loss (nats)")
 
 
-def _pilot_note(data: pd.DataFrame) -> str:
-    """The pilot's table in words, and the budget it picks by the converged gate's rule."""
+def _pilot_section(data: pd.DataFrame) -> str:
+    """The pilot's table, and the budget it picks by the converged gate's rule."""
     table = pilot(data)
     if table.empty:
-        return "Pilot: not in runs.csv."
-    cells = "; ".join(
-        f"{r.arm.removeprefix(PILOT).upper()} {r.epochs:g} epochs: late gain {r.late_gain:+.1%}, "
-        f"train loss {r.train_loss:.3f}, test error {r.test_error:.2f}%"
+        return "Not in runs.csv."
+    rows = [
+        (r.arm.removeprefix(PILOT).upper(), f"{r.epochs:g}", f"{r.late_gain:+.1%}",
+         "pass" if r.late_gain < gates.CONVERGED_GAIN else "FAIL: still improving",
+         f"{r.train_loss:.3f}", f"{r.test_error:.2f}")
         for r in table.itertuples()
-    )
+    ]  # fmt: skip
+    columns = ["norm", "epochs", "late gain", "converged gate", "final train loss",
+               "test error (%)"]  # fmt: skip
     chosen = pilot_epochs(table)
     pick = (
         f"the fewest epochs at which every norm passes: {chosen:g}"
@@ -370,10 +374,16 @@ def _pilot_note(data: pd.DataFrame) -> str:
         else f"no budget up to {table['epochs'].max():g} epochs passes: the b={BIG} runs' "
         "train loss is still falling there"
     )
-    return (
-        f"Pilot (b={BIG}, seed 0, one job per norm and budget; the converged gate's late gain, "
-        f"bound {gates.CONVERGED_GAIN:.0%}): {cells}. Budget by the gate's rule: {pick}."
-    )
+    return "\n".join([
+        f"b={BIG} (SGD on 8 x {BIG}), seed 0, one job per norm and budget, each with its own "
+        "cosine schedule to 0 (`--grids pilot/bn,pilot/gn,pilot/ln`). The converged gate's late "
+        f"gain: the train loss's relative fall over the last 20% of steps, bound "
+        f"{gates.CONVERGED_GAIN:.0%}.",
+        "",
+        markdown_table(columns, rows),
+        "",
+        f"Budget by the gate's rule: {pick}.",
+    ])  # fmt: skip
 
 
 def _sgd_effect(err: dict[str, pd.DataFrame]) -> str:

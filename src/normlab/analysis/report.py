@@ -222,6 +222,7 @@ class Result:
     claims: list  # Claim, IntervalClaim, AnyClaim
     notes: list[str] = field(default_factory=list)
     gates: list[gates.Gate] = field(default_factory=list)  # every arm's validity gates
+    sections: dict[str, str] = field(default_factory=dict)  # md sections after the notes
 
 
 def fmt(value: float, digits: int = 3) -> str:
@@ -375,6 +376,8 @@ def write_evidence(
     ]
     if result.notes:
         text += ["## Notes", ""] + [f"- {n}" for n in result.notes] + [""]
+    for title, body in result.sections.items():
+        text += [f"## {title}", "", body, ""]
     text += ["## Jobs", "", jobs_table(jobs)]
     paths["md"].write_text("\n".join(text))
     return paths
