@@ -187,6 +187,12 @@ def _claims(data: pd.DataFrame, net: str) -> list[Claim]:
             arms=arms,
         )
     )
+    return claims + _end_claims(data, net, label, arms, bn_acc, plain_acc, seeds)
+
+
+def _end_claims(data, net, label, arms, bn_acc, plain_acc, seeds) -> list[Claim]:  # noqa: ANN001
+    """The area under the curves, the final test accuracy and the drift of the inputs."""
+    claims = []
     claims.append(
         Claim(
             f"{label}: BN's held-out accuracy curve lies higher (area under it)",

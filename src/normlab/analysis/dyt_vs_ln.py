@@ -330,9 +330,14 @@ def _claims(data: pd.DataFrame) -> list[Claim]:
             why=f"the paper reports matching FID; the +-{FID_MARGIN:.0%} band is ours",
             arms=(f"{DIT}/{norm}", f"{DIT}/layernorm"),
         ))  # fmt: skip
+    return claims + _tanh_claims(data)
+
+
+def _tanh_claims(data: pd.DataFrame) -> list[Claim]:
+    """LayerNorm's input-output map in the trained GPT: tanh-like, more so in deeper layers."""
     deep, ratio, n_layers, first_deep = _tanh_values(ln_fits(data))
     deeper = f"the LN layers from block {first_deep // 2} on and the final norm"
-    claims += [
+    return [
         Claim(
             f"in the trained LayerNorm GPT, a fitted tanh leaves at most {TANH_GAIN:g} of the "
             f"variance a line leaves unexplained in LN's input-output map ({deeper})",
@@ -359,7 +364,6 @@ def _claims(data: pd.DataFrame) -> list[Claim]:
             source="paper",
         ),
     ]
-    return claims
 
 
 def _gpt_panel(ax: plt.Axes, data: pd.DataFrame) -> None:
