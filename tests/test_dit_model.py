@@ -262,3 +262,32 @@ def test_dit_config_sets_eps_1e6(compose, tmp_path):
     assert all(m.eps == 1e-6 for m in built_norms(net))
     cfg = compose(["experiment=dit", "model.net.norm_eps=null"], tmp_path)
     assert all(m.eps == 1e-5 for m in built_norms(instantiate(cfg.model.net)))
+
+
+def test_zero_init_false_keeps_xavier_on_the_regressions_and_the_final_layer():
+    """The DyT authors' DiT patch deletes DiT's zeroing of the adaLN modulation and of the final
+    layer: those Linears keep the xavier-uniform init every other Linear gets."""
+    import math
+
+    from normlab.models.dit import DiT
+    from normlab.norms.adaptive import AdaptiveNorm
+
+    torch.manual_seed(0)
+    zero, plain = (
+        DiT(hidden_size=32, depth=2, num_heads=2),
+        DiT(hidden_size=32, depth=2, num_heads=2, zero_init=False),
+    )
+    for model, zeroed in ((zero, True), (plain, False)):
+        linears = [m.modulation[1] for m in model.modules() if isinstance(m, AdaptiveNorm)]
+        linears.append(model.final_layer.linear)
+        for linear in linears:
+            out_f, in_f = linear.weight.shape
+            bound = math.sqrt(6.0 / (in_f + out_f))  # xavier-uniform's bound
+            w = linear.weight.abs()
+            assert (w.max().item() == 0.0) == zeroed
+            if not zeroed:
+                assert w.max().item() <= bound and w.max().item() > 0.5 * bound
+            assert linear.bias.abs().max().item() == 0.0
+    x, t, y = torch.randn(2, 1, 28, 28), torch.tensor([1, 500]), torch.tensor([0, 3])
+    assert zero(x, t, y).abs().max().item() == 0.0  # adaLN-Zero: starts predicting eps = 0
+    assert plain(x, t, y).abs().max().item() > 0.0

@@ -38,7 +38,7 @@ from normlab.analysis.logs import Run
 from normlab.analysis.report import Claim, Result
 from normlab.analysis.stats import BELOW, Interval
 
-GPT, PILOT, DIT = "gpt", "pilot", "dit"
+GPT, PILOT, DIT, DIT_PILOT = "gpt", "pilot", "dit", "dit_pilot"
 NORMS = {"layernorm": "LayerNorm", "dyt": "DyT", "rmsnorm": "RMSNorm"}
 RECIPE = f"{GPT}/dyt_recipe"  # DyT with the authors' LLaMA recipe at the pilot's best alpha0s
 RECIPE_LABEL = "DyT, LLaMA recipe"
@@ -211,7 +211,7 @@ def extract(runs: list[Run]) -> pd.DataFrame:
     ln_seeds = [int(r.get("seed")) for r in runs if r.arm == f"{GPT}/layernorm"]
     for run in runs:
         a, seed = run.arm, int(run.get("seed"))
-        if a.startswith(DIT + "/"):
+        if a.startswith((DIT + "/", DIT_PILOT + "/")):
             if run.status != "ok":
                 continue
             loss = run.series("val/loss").drop_duplicates("step", keep="last")
@@ -420,6 +420,16 @@ def _pilot_panel(ax: plt.Axes, data: pd.DataFrame) -> None:
         ax.legend(fontsize=7)
 
 
+def _dit_pilot_note(data: pd.DataFrame) -> str:
+    """The DiT pilot: DyT with the authors' DiT patch (no zeros) at each lr, seed 0."""
+    rows = data[data["arm"].str.startswith(DIT_PILOT + "/") & (data["metric"] == "final/fid_lenet")]
+    if rows.empty:
+        return "DiT pilot (DyT, the authors' DiT patch, lr 1e-3/2e-3/4e-3): not run yet."
+    cells = "; ".join(f"{a.split('/lr')[1]}: {v:.2f}" for a, v in zip(rows["arm"], rows["value"],
+                                                                      strict=True))  # fmt: skip
+    return f"DiT pilot (DyT, the authors' DiT patch, seed 0; fid_lenet by lr): {cells}."
+
+
 def _pilot_note(data: pd.DataFrame) -> str:
     table = pilot(data)
     if table.empty:
@@ -512,9 +522,11 @@ def render(data: pd.DataFrame) -> Result:
         "their embeddings; ours start at N(0, 0.02), so 50 puts them at unit scale as theirs). "
         "The LayerNorm and RMSNorm baselines keep the GPT's own recipe, as in the paper.",
         _pilot_note(data),
+        _dit_pilot_note(data),
         "DiT: DyT keeps adaLN-Zero's zero init of the modulation and of the final layer; the "
-        "authors' DiT patch removes that init for DyT and tunes the lr per model over 1e-4, "
-        "2e-4, 4e-4 (not applied here yet). The DiT's DyT has no affine of its own "
+        "authors' DiT patch removes that init for DyT (model.net.zero_init=false) and tunes the "
+        "lr per model over 1e-4, 2e-4, 4e-4: the dit_pilot grid. The DiT's DyT has no affine "
+        "of its own "
         "(as LayerNorm there: the condition's scale and shift), only alpha.",
         "LN maps: every (input, output before the affine) pair of every channel and token of "
         f"{WINDOWS} validation batches through each LN layer of each trained LayerNorm GPT; the "

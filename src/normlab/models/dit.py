@@ -336,12 +336,31 @@ class FinalLayer(nn.Module):
 # ---------------------------------------------------------------------------------------------
 
 
+def check_shape(
+    conditioning: str, input_size: int, hidden_size: int, depth: int, num_heads: int, patch: int
+) -> None:
+    """A DiT's arguments, checked before anything is built (ValueError naming the argument)."""
+    if conditioning not in CONDITIONINGS:
+        raise ValueError(f"conditioning={conditioning!r} is not one of {list(CONDITIONINGS)}")
+    shape = {"hidden_size": hidden_size, "depth": depth, "num_heads": num_heads,
+             "patch_size": patch}  # fmt: skip
+    for key, value in shape.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{key} must be a positive integer, got {value!r}")
+    if input_size % patch:
+        raise ValueError(f"patch_size={patch} does not divide input_size={input_size}")
+    if hidden_size % num_heads:
+        raise ValueError(f"num_heads={num_heads} does not divide hidden_size={hidden_size}")
+
+
 class DiT(nn.Module):
     """Class-conditional DiT predicting the noise eps of x_t: forward(x, t, y) -> (B, C, H, W).
 
     The shape (hidden_size D, depth, num_heads, patch_size p) is given explicitly; the defaults
     are the "tiny" DiT of conf/model/dit.yaml, which trains on a CPU on 28x28 (p=4 -> 49 tokens).
     The paper's DiT-S/2 ... XL/4 shapes are conf/size/dit/*.yaml (size=dit/S/2, ...).
+    `zero_init=False` keeps xavier on the adaLN regressions and the final layer, as the DyT
+    authors' DiT patch does for DyT.
     """
 
     def __init__(
@@ -359,25 +378,13 @@ class DiT(nn.Module):
         patch_size: int = 4,
         norm_eps: float | None = 1e-6,
         qk_norm: str | None = None,
+        zero_init: bool = True,
     ) -> None:
         super().__init__()
         qk_norm = check_qk_norm(qk_norm)  # a tokenwise family or None
-        if conditioning not in CONDITIONINGS:
-            raise ValueError(f"conditioning={conditioning!r} is not one of {list(CONDITIONINGS)}")
-        shape = {
-            "hidden_size": hidden_size,
-            "depth": depth,
-            "num_heads": num_heads,
-            "patch_size": patch_size,
-        }
-        for key, value in shape.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{key} must be a positive integer, got {value!r}")
+        check_shape(conditioning, input_size, hidden_size, depth, num_heads, patch_size)
         D, p = hidden_size, patch_size
-        if input_size % p:
-            raise ValueError(f"patch_size={p} does not divide input_size={input_size}")
-        if D % num_heads:
-            raise ValueError(f"num_heads={num_heads} does not divide hidden_size={D}")
+        self.zero_init = zero_init
         if isinstance(norm, Mapping):  # a config: eps replaced below (a callable sets its own)
             norm = dict(norm)
             if norm_eps is not None and "eps" in norm_keywords(norm.get("name")):
@@ -428,6 +435,8 @@ class DiT(nn.Module):
         nn.init.normal_(self.y_embedder.table.weight, std=0.02)
         nn.init.normal_(self.t_embedder.mlp[0].weight, std=0.02)
         nn.init.normal_(self.t_embedder.mlp[2].weight, std=0.02)
+        if not self.zero_init:  # the DyT authors' DiT patch: no zeroing, xavier as above
+            return
         # adaptive norms own their regression's init: adaLN-Zero zeroes it so each block starts
         # as the identity (gates 0) and the final norm starts as a plain norm
         for module in self.modules():
