@@ -55,16 +55,24 @@ def wandb_has_credentials() -> bool:
     return bool(auth and auth[2])
 
 
-def _keep_rows(path: Path, keep_until_step: int, keep_rows: int | None) -> tuple[list[str], int]:
-    """Cut the metrics.csv at path to its first `keep_rows` rows (without that count, the rows
-    of steps before `keep_until_step`); its header and the rows kept."""
+def _keep_rows(
+    path: Path, keep_until_step: int, keep_rows: int | None, logged_rows: int | None = None
+) -> tuple[list[str], int]:
+    """Cut the metrics.csv at path to its first `keep_rows` rows; without that count, to the
+    rows of steps before `keep_until_step` and the first `logged_rows` rows (the rows logged
+    before a checkpoint taken after a batch, such as a callback's value of that batch logged at
+    the step it ends). Its header and the rows kept."""
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
         header = list(reader.fieldnames or [])
         if keep_rows is not None:
             rows = list(itertools.islice(reader, keep_rows))
         else:
-            rows = [r for r in reader if int(float(r["step"])) < keep_until_step]
+            rows = [
+                r
+                for i, r in enumerate(reader)
+                if int(float(r["step"])) < keep_until_step or i < (logged_rows or 0)
+            ]
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=header)
         writer.writeheader()
@@ -78,7 +86,8 @@ class ResumableCSVLogger(CSVLogger):
     Rows logged after the checkpoint being resumed are dropped first: the resumed run logs
     them again. They are the rows after the first `resume_rows` (`rows`, the rows logged so
     far, as LastCheckpoint stored it in the checkpoint), or without that count the rows of
-    steps >= `resume_step`.
+    steps >= `resume_step` that are not among the first `resume_batch_rows` (the rows logged
+    before a checkpoint taken after a batch).
     """
 
     def __init__(
@@ -86,11 +95,13 @@ class ResumableCSVLogger(CSVLogger):
         *args: Any,
         resume_step: int | None = None,
         resume_rows: int | None = None,
+        resume_batch_rows: int | None = None,
         **kwargs: Any,
     ):
         super().__init__(*args, **kwargs)
         self.resume_step = resume_step
         self.resume_rows = resume_rows
+        self.resume_batch_rows = resume_batch_rows
         self.rows = 0
         self._opened = False  # the writer exists (made by the first use of `experiment`)
 
@@ -103,7 +114,9 @@ class ResumableCSVLogger(CSVLogger):
         path = Path(self.log_dir) / ExperimentWriter.NAME_METRICS_FILE
         if not path.is_file():
             return super().experiment
-        header, self.rows = _keep_rows(path, self.resume_step, self.resume_rows)
+        header, self.rows = _keep_rows(
+            path, self.resume_step, self.resume_rows, self.resume_batch_rows
+        )
         # Lightning's writer deletes a metrics.csv it finds: it is put back once the writer exists
         aside = path.with_name(f".{path.name}.resumed")
         os.replace(path, aside)

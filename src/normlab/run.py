@@ -28,6 +28,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from normlab import config, console, identity, loggers, rundir, summary
+from normlab.callbacks.checkpoint import EpochMeansInCheckpoint
 from normlab.callbacks.progress import EpochProgress
 from normlab.compute import keep_heap
 from normlab.errors import ConfigError, RunDirError, UserError
@@ -182,11 +183,15 @@ def _other_run(cfg: DictConfig) -> str | None:
 def build_callbacks(
     cfg: DictConfig, task: pl.LightningModule, resolved: dict[str, Any] | None = None
 ) -> list[pl.Callback]:
-    """cfg.callbacks (a null entry dropped), the config in every checkpoint, the epoch lines.
-    `resolved`: cfg resolved, when the caller has it already."""
+    """cfg.callbacks (a null entry dropped), the config and the training epoch's running means
+    in every checkpoint, the epoch lines. `resolved`: cfg resolved, when the caller has it
+    already."""
     if resolved is None:
         resolved = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
-    callbacks: list[pl.Callback] = [ConfigInCheckpoint(resolved)]  # type: ignore[arg-type]
+    callbacks: list[pl.Callback] = [
+        ConfigInCheckpoint(resolved),  # type: ignore[arg-type]
+        EpochMeansInCheckpoint(),
+    ]
     for name, cb_cfg in (cfg.get("callbacks") or {}).items():
         if cb_cfg is None:
             continue
@@ -227,11 +232,16 @@ def build_trainer(
 
 def resume_point(checkpoint: dict[str, Any] | None) -> dict[str, int | None]:
     """{} without a checkpoint; else the global step it was saved at and the rows of the CSV
-    log before it (None in a checkpoint that did not count them)."""
+    log before it (None in a checkpoint that did not count them): all of them (resume_rows,
+    a checkpoint after validation or at the end) or those logged before a checkpoint taken
+    after a batch (resume_batch_rows)."""
     if checkpoint is None:
         return {}
-    rows = checkpoint.get("csv_rows")
-    return {"resume_step": int(checkpoint["global_step"]), "resume_rows": rows}
+    return {
+        "resume_step": int(checkpoint["global_step"]),
+        "resume_rows": checkpoint.get("csv_rows"),
+        "resume_batch_rows": checkpoint.get("csv_rows_at_batch"),
+    }
 
 
 def build_task(cfg: DictConfig) -> tuple[int, pl.LightningDataModule, pl.LightningModule]:
