@@ -35,12 +35,15 @@ EPOCH_STEPS = 12
 
 
 class KillAt(pl.Callback):
-    """SIGKILL its own process at `hook` (a callback hook), in epoch `epoch` and, for an
-    on_*_batch_start hook, at batch `batch` (None: any); never in the sanity check. A run gets it
-    as +callbacks.kill._target_=test_resume.KillAt (this directory on PYTHONPATH)."""
+    """Send its own process `sig` (SIGKILL unless named) at `hook` (a callback hook), in epoch
+    `epoch` and, for an on_*_batch_start hook, at batch `batch` (None: any); never in the sanity
+    check. A run gets it as +callbacks.kill._target_=test_resume.KillAt (this directory on
+    PYTHONPATH)."""
 
-    def __init__(self, hook: str, epoch: int | None = None, batch: int | None = None):
-        self.epoch, self.batch = epoch, batch
+    def __init__(
+        self, hook: str, epoch: int | None = None, batch: int | None = None, sig: str = "SIGKILL"
+    ):
+        self.epoch, self.batch, self.sig = epoch, batch, signal.Signals[sig]
         setattr(self, hook, self.kill)
 
     def kill(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args) -> None:
@@ -48,7 +51,7 @@ class KillAt(pl.Callback):
         if trainer.sanity_checking or self.epoch not in (None, trainer.current_epoch):
             return
         if self.batch in (None, batch_idx):
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), self.sig)
 
 
 def train(*extra: str, args: list[str] = ARGS) -> subprocess.Popen:

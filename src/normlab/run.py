@@ -9,7 +9,9 @@ import math
 import os
 import random
 import re
+import shlex
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -55,18 +57,29 @@ def _run_dir(cfg: DictConfig) -> Path:
     return Path(cfg.paths.output_dir)
 
 
+LAST, LAST_OR_NEW = "last", "last_or_new"  # ckpt_path values naming this run dir's last.ckpt
+
+
 def resolve_ckpt(cfg: DictConfig) -> str | None:
-    """ckpt_path: null | last (this run dir) | a run dir | a .ckpt file."""
+    """ckpt_path: null | last (this run dir's last.ckpt, which must exist) | last_or_new (it,
+    or a new run when there is none) | a run dir | a .ckpt file."""
     value = cfg.get("ckpt_path")
     if value in (None, ""):
         return None
-    path = _run_dir(cfg) / "checkpoints" / "last.ckpt" if value == "last" else Path(value)
+    here = value in (LAST, LAST_OR_NEW)
+    path = _run_dir(cfg) / "checkpoints" / "last.ckpt" if here else Path(value)
     if path.is_dir():
         path = path / "checkpoints" / "last.ckpt"
     if not path.is_file():
-        if value == "last":
-            log.info("ckpt_path=last: no %s yet, starting from scratch", path)
+        if value == LAST_OR_NEW:
+            log.info("ckpt_path=last_or_new: no %s yet, starting a new run", path)
             return None
+        if value == LAST:
+            raise ConfigError(
+                f"ckpt_path=last: nothing to resume in {_run_dir(cfg)} (no {path}); name the "
+                "run dir to resume (hydra.run.dir=<dir>), or ckpt_path=last_or_new to start a "
+                "new run when there is none"
+            )
         raise ConfigError(f"ckpt_path={value!r}: no checkpoint at {path}")
     return str(path)
 
@@ -292,12 +305,12 @@ def build(
     if not validated:
         config.validate(cfg)
     loggers.check_servers(cfg.get("logger"))
+    ckpt = resolve_ckpt(cfg)  # ckpt_path=last with nothing to resume fails before the data loads
     other_run = _other_run(cfg)  # before a random seed is written into cfg
     seed, datamodule, task = build_task(cfg)
     preflight(task, int(cfg.batch))
 
     run_dir = _run_dir(cfg)
-    ckpt = resolve_ckpt(cfg)
     if ckpt and checkpoint is None:  # a sweep job hands over the last.ckpt it has read
         checkpoint = read_checkpoint(ckpt, f"ckpt_path={cfg.ckpt_path}")
     if checkpoint is not None:
@@ -419,7 +432,14 @@ def main(cfg: DictConfig, validated: bool = False) -> float | None:
     if not multirun:
         try:
             result = train(cfg, validated=validated)
-        except Exception as err:
+        except BaseException as err:
+            signum = loggers.killed_by(err)
+            if signum:  # Ctrl+C, SIGTERM: where the run is and how to go on
+                if not rundir.other_rank():
+                    print(interrupted(cfg, hc, signum), file=sys.stderr)
+                raise SystemExit(128 + signum) from None
+            if not isinstance(err, Exception):
+                raise
             cause = user_error(err) or rundir.write_error(err, _run_dir(cfg))
             if cause is None:
                 raise
@@ -450,8 +470,39 @@ def main(cfg: DictConfig, validated: bool = False) -> float | None:
         return objective(cfg, {"status": "failed", "metrics": {}})
     try:
         return _sweep_job(cfg, hc, overrides, ident, before, same)
+    except BaseException as err:
+        signum = loggers.killed_by(err)
+        if not signum:
+            raise
+        print(interrupted(cfg, hc, signum), file=sys.stderr)
+        raise SystemExit(128 + signum) from None
     finally:
         os.close(held)
+
+
+def interrupted(cfg: DictConfig, hc: Any, signum: int) -> str:
+    """Two lines for a run or sweep ended by a signal: where it is, and the command that
+    continues it (the same overrides, its dir, and for a single run ckpt_path=last, or
+    last_or_new before its first checkpoint; a multirun skips finished jobs and resumes the
+    others)."""
+    name = signal.Signals(signum).name
+    if hc is not None and hc.mode.name == "MULTIRUN":
+        argv = [a for a in sys.argv[1:] if not a.startswith("hydra.sweep.dir=")]
+        argv = argv if {"-m", "--multirun"} & set(argv) else ["-m", *argv]
+        sweep_dir = Path(hc.sweep.dir).absolute()
+        command = ["python", "train.py", *argv, f"hydra.sweep.dir={sweep_dir}"]
+        return (
+            f"interrupted ({name}): sweep dir {sweep_dir}, job {hc.job.num} in "
+            f"{Path(cfg.paths.output_dir).absolute()}\ncontinue with: {shlex.join(command)}"
+        )
+    run_dir = _run_dir(cfg).absolute()
+    last = run_dir / "checkpoints" / "last.ckpt"
+    kept = [o for o in (hc.overrides.task if hc is not None else [])
+            if not o.lstrip("+~").startswith(("ckpt_path=", "hydra.run.dir="))]  # fmt: skip
+    resume = LAST if last.is_file() else LAST_OR_NEW
+    command = ["python", "train.py", *kept, f"hydra.run.dir={run_dir}", f"ckpt_path={resume}"]
+    where = "resumable from checkpoints/last.ckpt" if last.is_file() else "no checkpoint yet"
+    return f"interrupted ({name}): run dir {run_dir}, {where}\ncontinue with: {shlex.join(command)}"
 
 
 def _sweep_job(cfg: DictConfig, hc: Any, overrides: str, ident: dict[str, str],
@@ -476,7 +527,7 @@ def _sweep_job(cfg: DictConfig, hc: Any, overrides: str, ident: dict[str, str],
         else:
             log.info("job [%s] was %s: resuming from %s", overrides, before["status"], last)
             with open_dict(cfg):
-                cfg.ckpt_path = "last"
+                cfg.ckpt_path = LAST
     row: dict[str, Any] = {
         "job": hc.job.num,
         "overrides": overrides,
