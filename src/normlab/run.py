@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from normlab import config, console, identity, loggers, rundir, summary
 from normlab.callbacks.checkpoint import EpochMeansInCheckpoint
+from normlab.callbacks.last_step import ValidateLastStep
 from normlab.callbacks.progress import EpochProgress
 from normlab.compute import keep_heap
 from normlab.errors import ConfigError, RunDirError, UserError
@@ -197,13 +198,14 @@ def build_callbacks(
     cfg: DictConfig, task: pl.LightningModule, resolved: dict[str, Any] | None = None
 ) -> list[pl.Callback]:
     """cfg.callbacks (a null entry dropped), the config and the training epoch's running means
-    in every checkpoint, the epoch lines. `resolved`: cfg resolved, when the caller has it
-    already."""
+    in every checkpoint, a validation at a last step inside an epoch, the epoch lines.
+    `resolved`: cfg resolved, when the caller has it already."""
     if resolved is None:
         resolved = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
     callbacks: list[pl.Callback] = [
         ConfigInCheckpoint(resolved),  # type: ignore[arg-type]
         EpochMeansInCheckpoint(),
+        ValidateLastStep(),
     ]
     for name, cb_cfg in (cfg.get("callbacks") or {}).items():
         if cb_cfg is None:

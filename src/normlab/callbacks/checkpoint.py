@@ -42,6 +42,15 @@ class BestCheckpoint(ModelCheckpoint):
                 self.kth_value = torch.tensor(torch.inf if self.mode == "min" else -torch.inf)
         super().setup(trainer, pl_module, stage)
 
+    def _save_topk_checkpoint(self, trainer: pl.Trainer, monitor_candidates: dict) -> None:
+        if (
+            self.monitor is not None
+            and self.monitor not in monitor_candidates
+            and not trainer.fit_loop.epoch_loop.val_loop._has_run
+        ):  # no validation yet (a run that stops before its first): nothing to rank by, where
+            return  # Lightning saves nothing either, but warns that the key is missing
+        super()._save_topk_checkpoint(trainer, monitor_candidates)
+
 
 class LastCheckpoint(Checkpoint):
     """Write <dirpath>/last.ckpt every `every_n_train_steps` steps, after validation and at the end.
