@@ -125,6 +125,15 @@ def command_text(
     return cmd + (" --quick" if quick else "")
 
 
+def quick_note(repro: Reproduction) -> str:
+    """The first note of a --quick md: the notes below it describe the full budget."""
+    return (
+        f"This is a --quick run ({repro.quick.text}). The notes below are written for the full "
+        f"budget ({repro.full.text}): where they quote its steps, seeds or sizes, they describe "
+        "that run, not this one."
+    )
+
+
 def evidence_name(name: str, norm: str | None) -> str:
     """NAME, or NAME+X for a run with the norm X added."""
     return f"{name}+{norm}" if norm else name
@@ -160,8 +169,11 @@ def redraw(name: str, quick: bool, root: Path, norm: str | None = None) -> dict[
     jobs = pd.read_csv(paths["jobs"], keep_default_na=False, na_values={"wall_time_s": [""]})
     seeds = seeds_given(repro, jobs, quick)
     title = repro.title + (f"; with the norm {norm}" if norm else "")
+    result = repro.render(data)
+    if quick and result.notes:  # the analysis writes its notes for the full budget
+        result.notes.insert(0, quick_note(repro))
     return report.write_evidence(
-        repro.render(data), out, evidence, title,
+        result, out, evidence, title,
         command_text(name, quick, seeds, norm, _plugin(jobs) if norm else None),
         repro.budget(quick).text, jobs,
     )  # fmt: skip

@@ -394,3 +394,18 @@ def test_ctrl_c_stops_cleanly_and_the_next_invocation_continues(tmp_path: Path):
     assert "skipping finished job" in again.stderr + again.stdout
     jobs = pd.read_csv(tmp_path / "outputs" / "figures" / "quick" / "ln_rnn" / "jobs.csv")
     assert (jobs["status"] == "ok").all() and len(jobs) == 4
+
+
+def test_a_quick_md_says_its_notes_describe_the_full_budget(tmp_path: Path):
+    name = "gn_batch_size"  # an analysis with notes
+    figures = tmp_path / "outputs" / "figures"
+    for out in (figures / "quick" / name, figures / name):  # the committed evidence, redrawn
+        out.mkdir(parents=True)  # as if quick, and as it is
+        for file in ("runs.csv", "jobs.csv"):
+            shutil.copy(REPO / "outputs" / "figures" / name / file, out / file)
+    md = script.redraw(name, True, tmp_path)["md"].read_text()
+    notes = md.split("## Notes\n\n", 1)[1]
+    assert notes.startswith(f"- {script.quick_note(REPRODUCTIONS[name])}\n")
+    assert REPRODUCTIONS[name].full.text in notes.splitlines()[0]
+    full = script.redraw(name, False, tmp_path)  # no such note in a full run's md
+    assert "This is a --quick run" not in full["md"].read_text()
