@@ -258,5 +258,6 @@ def test_an_interrupted_run_says_where_it_is_and_how_to_continue(tmp_path, sig):
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "exists and is not empty" not in resumed.stderr  # its own checkpoints: no warning
     last = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
     assert last["global_step"] == 4

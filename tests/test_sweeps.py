@@ -178,3 +178,17 @@ def test_a_max_steps_sweep_ends_every_job_with_numbers(tmp_path):
         assert all(row[k] not in ("", "nan") for k in ("train/loss", "val/loss", "val/acc"))
     md = (tmp_path / "summary.md").read_text()
     assert "| train/acc | train/loss | val/acc | val/loss |" in md
+
+
+def test_a_run_says_its_dir_first_and_a_multirun_its_summary_last(tmp_path):
+    proc = run_cli("-m", "norm=batchnorm,none", "batch=32", *TINY, "test=false",
+                   f"hydra.sweep.dir={tmp_path}")  # fmt: skip
+    run_dirs = [r["run_dir"] for r in summary(tmp_path).values()]
+    for run_dir in run_dirs:
+        assert f"run dir: {run_dir}\n" in proc.stdout
+    assert proc.stdout.strip().splitlines()[-1] == (
+        f"summary: {tmp_path / 'summary.md'} (and summary.csv)"
+    )
+    single = run_cli("batch=32", *TINY, "test=false", f"hydra.run.dir={tmp_path / 'one'}")
+    lines = [line for line in single.stdout.splitlines() if "normlab." in line]
+    assert lines[0].endswith(f"run dir: {tmp_path / 'one'}"), single.stdout[-2000:]

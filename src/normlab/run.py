@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ MODEL_KEYS = ("model", "norm", "placement", "optim")  # what builds the task a c
 RESUME_KEYS = ("state_dict", "global_step", "epoch", "optimizer_states")  # what a resume reads
 SHOWN_DIFFERENCES = 4  # differing keys an error names
 _ABSENT = object()
+RESUMED_DIR_WARNING = r"Checkpoint directory .* exists and is not empty"  # ModelCheckpoint's
 _ALIAS = re.compile(r"\$\{[\w.]+\}")  # a node that is another node (model.net.norm: ${norm})
 
 
@@ -355,9 +357,12 @@ def fit(objects: Objects) -> dict[str, Any]:
         with _sigterm_ends_run():
             for tracker in o.loggers:
                 tracker.log_hyperparams(o.hparams)
-            o.trainer.fit(
-                o.task, datamodule=o.datamodule, ckpt_path=o.ckpt_path, weights_only=False
-            )
+            with warnings.catch_warnings():
+                if o.ckpt_path is not None:  # a resume: the checkpoint dir holds its own files
+                    warnings.filterwarnings("ignore", RESUMED_DIR_WARNING)
+                o.trainer.fit(
+                    o.task, datamodule=o.datamodule, ckpt_path=o.ckpt_path, weights_only=False
+                )
             if o.trainer.received_sigterm:  # in fit's last batch: Lightning let it finish
                 raise SIGTERMException()
             status = getattr(o.task, "run_status", "ok")
@@ -431,6 +436,8 @@ def main(cfg: DictConfig, validated: bool = False) -> float | None:
     before torch loads)."""
     hc = _hydra()
     multirun = hc is not None and hc.mode.name == "MULTIRUN"
+    if not rundir.other_rank():
+        log.info("run dir: %s", _run_dir(cfg).absolute())
     if not multirun:
         try:
             result = train(cfg, validated=validated)
