@@ -1,5 +1,7 @@
 """Train one configuration: `python train.py norm=groupnorm batch=2` (see README)."""
 
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
@@ -15,4 +17,8 @@ def entry(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    entry()
+    try:
+        entry()
+    except KeyboardInterrupt:  # Ctrl+C outside a run (a multirun between jobs): no traceback
+        print("interrupted (SIGINT)", file=sys.stderr)  # inside one, the run says how to resume
+        raise SystemExit(130) from None

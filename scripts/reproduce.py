@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import re
+import shlex
+import signal
 import sys
 import time
 from pathlib import Path
@@ -46,8 +48,29 @@ def default_seeds(quick: bool, name: str) -> int:
     return QUICK_SEEDS if quick else REPRODUCTIONS[name].initial_seeds
 
 
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min"
+
+
+def estimate(name: str, jobs: int = 1) -> str | None:
+    """The full budget's time from the committed run (outputs/figures/NAME/jobs.csv): its jobs'
+    wall times summed, divided by the jobs run at once (--jobs, capped as the sweep caps it);
+    None without that file. Jobs already done in the sweep dirs take no time."""
+    path = REPO / "outputs" / "figures" / name / "jobs.csv"
+    if not path.is_file():
+        return None
+    walls = pd.read_csv(path)["wall_time_s"].dropna()
+    cap = REPRODUCTIONS[name].max_jobs
+    parallel = max(1, min(jobs, cap or jobs))
+    total = float(walls.sum())
+    source = f"{len(walls)} jobs, from the committed run's wall times"
+    if parallel == 1:
+        return f"about {_hours(total)} ({source})"
+    return f"about {_hours(total / parallel)} at --jobs {parallel} ({_hours(total)} of {source})"
+
+
 def list_names() -> str:
-    """One block per NAME: its title and both budgets."""
+    """One block per NAME: its title, both budgets and the full one's estimated time."""
     lines = []
     for r in REPRODUCTIONS.values():
         lines += [
@@ -55,7 +78,43 @@ def list_names() -> str:
             f"    full:  {r.full.text}",
             f"    quick: {r.quick.text}",
         ]
+        took = estimate(r.name)
+        if took:
+            lines.append(f"    time (full): {took}")
     return "\n".join(lines)
+
+
+class Interrupt:
+    """Ctrl+C while a sweep runs: its train.py (in the same process group) gets the signal too,
+    saves its state and stops; this waits for it instead of killing it, then stops with a
+    message (a second Ctrl+C, or one while no sweep runs, stops at once)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    @staticmethod
+    def _children() -> bool:
+        try:
+            tasks = Path("/proc/self/task").glob("*/children")  # Linux: each thread's children
+            return any(path.read_text().split() for path in tasks)
+        except OSError:
+            return False
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if self.requested or not self._children():
+            raise KeyboardInterrupt
+        self.requested = True
+        print("interrupt: waiting for the running job to save its state (Ctrl+C again to stop "
+              "at once)", file=sys.stderr, flush=True)  # fmt: skip
+
+    def stop(self, argv: list[str], root: Path) -> SystemExit:
+        """Say where things are and how to continue; the exit (130) to raise."""
+        command = shlex.join(["python", "scripts/reproduce.py", *argv])
+        kept = root / "outputs" / "reproduce"
+        print(f"interrupted: the finished jobs in {kept} are reused, a stopped one resumes "
+              f"from its last.ckpt if it has one\n"
+              f"continue with: {command}", file=sys.stderr, flush=True)  # fmt: skip
+        return SystemExit(128 + signal.SIGINT)
 
 
 def command_text(
@@ -68,6 +127,15 @@ def command_text(
     if norm:
         cmd += f" --norm {norm}" + (f" --plugin {plugin}" if plugin else "")
     return cmd + (" --quick" if quick else "")
+
+
+def quick_note(repro: Reproduction) -> str:
+    """The first note of a --quick md: the notes below it describe the full budget."""
+    return (
+        f"This is a --quick run ({repro.quick.text}). The notes below are written for the full "
+        f"budget ({repro.full.text}): where they quote its steps, seeds or sizes, they describe "
+        "that run, not this one."
+    )
 
 
 def evidence_name(name: str, norm: str | None) -> str:
@@ -105,8 +173,11 @@ def redraw(name: str, quick: bool, root: Path, norm: str | None = None) -> dict[
     jobs = pd.read_csv(paths["jobs"], keep_default_na=False, na_values={"wall_time_s": [""]})
     seeds = seeds_given(repro, jobs, quick)
     title = repro.title + (f"; with the norm {norm}" if norm else "")
+    result = repro.render(data)
+    if quick and result.notes:  # the analysis writes its notes for the full budget
+        result.notes.insert(0, quick_note(repro))
     return report.write_evidence(
-        repro.render(data), out, evidence, title,
+        result, out, evidence, title,
         command_text(name, quick, seeds, norm, _plugin(jobs) if norm else None),
         repro.budget(quick).text, jobs, repro.initial_seeds, repro.seed_cap,
     )  # fmt: skip
@@ -147,6 +218,9 @@ def reproduce(
         raise SystemExit(str(err)) from None
     if seeds is None:
         seeds = default_seeds(quick, name)
+    took = None if quick or grids or norm or collect else estimate(name, jobs)
+    if took:
+        print(f"{name}: {took}; finished jobs are reused", flush=True)
     # --collect: the finished jobs as they are (each keeps its own code version in jobs.csv)
     seconds = 0.0 if collect else sweep.run(repro, quick, root, jobs, seeds)
     runs = sweep.runs(repro, quick, root, seeds)
@@ -252,8 +326,24 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--grids and --norm take one NAME, not 'all'")
     grids = [g for g in args.grids.split(",") if g] if args.grids else None
     names = list(REPRODUCTIONS) if args.name == "all" else [args.name]
+    interrupt = Interrupt()
+    before = signal.signal(signal.SIGINT, interrupt)
+    try:
+        _run(args, names, grids, interrupt)
+    except (KeyboardInterrupt, SystemExit, RuntimeError) as err:
+        if not (interrupt.requested or isinstance(err, KeyboardInterrupt)):
+            raise
+        raise interrupt.stop(sys.argv[1:] if argv is None else argv, args.root.resolve()) from None
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def _run(args: argparse.Namespace, names: list[str], grids: list[str] | None,
+         interrupt: Interrupt) -> None:  # fmt: skip
     start, failed = time.time(), []
     for name in names:
+        if interrupt.requested:
+            raise KeyboardInterrupt
         try:
             if args.redraw:
                 paths = redraw(name, args.quick, args.root.resolve(), args.norm)
@@ -264,7 +354,7 @@ def main(argv: list[str] | None = None) -> None:
                 reproduce(name, args.quick, args.jobs, args.root.resolve(), args.seeds, grids,
                           args.norm, args.plugin, args.collect)  # fmt: skip
         except (SystemExit, RuntimeError) as err:
-            if args.name != "all":
+            if args.name != "all" or interrupt.requested:
                 raise
             print(f"{name}: FAILED: {err}", file=sys.stderr, flush=True)
             failed.append(name)

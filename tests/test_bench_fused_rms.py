@@ -165,3 +165,35 @@ def test_rms_vs_ln_script_writes_its_tables(tmp_path):
     assert text.startswith("`python scripts/rms_vs_ln.py --threads 1 --pairs 3")
     assert "| 1 | dense |" in text and "| 1 | RMSNorm bwd (fused) |" in text
     assert "load average at the end" in text and text.splitlines()[1] in done.stdout
+
+
+def test_a_failed_build_warns_with_the_compilers_error_lines_not_its_command(monkeypatch):
+    import torch.utils.cpp_extension as cpp
+
+    command = "c++ -MMD -MF main.o.d -DTORCH_EXTENSION_NAME=normlab_fused_rms " + "-I/x " * 80
+    text = (
+        "Error building extension 'normlab_fused_rms_1234': [1/2] " + command + "\n"
+        "FAILED: main.o\n" + command + "\n"
+        "/src/_fused_rms.cpp:3:10: fatal error: omp.h: No such file or directory\n"
+        "    3 | #include <omp.h>\n"
+        "compilation terminated.\n"
+        "ninja: build stopped: subcommand failed.\n"
+    )
+
+    def fail(**kwargs):
+        raise RuntimeError(text)
+
+    monkeypatch.setattr(cpp, "load", fail)
+    monkeypatch.setenv("NORMLAB_FUSED_RMS", "1")
+    _fused_rms.available.cache_clear()
+    try:
+        with pytest.warns(UserWarning) as caught:
+            assert not _fused_rms.available()
+    finally:
+        _fused_rms.available.cache_clear()
+    (message,) = [str(w.message) for w in caught if "fused RMSNorm" in str(w.message)]
+    assert message == (
+        "normlab: the fused RMSNorm kernel could not be built (RuntimeError: "
+        "/src/_fused_rms.cpp:3:10: fatal error: omp.h: No such file or directory); RMSNorm "
+        "uses its pure-torch fast path"
+    )

@@ -4,6 +4,7 @@ CSVs, targets and verdicts; structure only, never speed."""
 from __future__ import annotations
 
 import csv
+from pathlib import Path
 
 import pytest
 from conftest import TINY
@@ -96,3 +97,13 @@ def test_train_part_holds_only_equal_work_to_the_target(tiny_bench, capsys):
     }
     assert "## Training" in capsys.readouterr().out
     assert "| lenet_extra | median step, paired |" in (tiny_bench / "train.md").read_text()
+
+
+def test_the_default_output_dir_is_ignored_by_git_and_not_the_committed_tables():
+    import subprocess
+
+    default = bench.OUT.relative_to(bench.REPO)
+    assert default != Path("outputs/bench")
+    for path in (default / "norms.csv", default / "keep_heap" / "train.md"):
+        ignored = subprocess.run(["git", "check-ignore", "-q", str(path)], cwd=bench.REPO)
+        assert ignored.returncode == 0, f"{path} is not ignored by git"

@@ -44,7 +44,7 @@ def test_progress_epoch_prints_one_line_per_epoch_with_train_and_val_metrics(tmp
     out = train_cli(tmp_path, progress="epoch")
     lines = [line for line in out.splitlines() if "[normlab.callbacks.progress]" in line]
     assert len(lines) == 2
-    assert "epoch 1/2  step 2  train/acc " in lines[0] and "epoch 2/2  step 4" in lines[1]
+    assert "epoch 1/2  step 2/4  train/acc " in lines[0] and "epoch 2/2  step 4/4" in lines[1]
     assert all("train/loss " in line and "val/acc " in line for line in lines)
     assert "epoch 2/2" in (tmp_path / "train.log").read_text()
 
@@ -95,4 +95,5 @@ def test_epoch_line_prefers_the_epoch_mean_and_skips_step_values():
     }
     line = epoch_line(0, 10, 235, 12.4, metrics)
     assert line == "epoch 1/10  step 235  train/loss 0.5000  val/acc 0.7500  12 s"
-    assert epoch_line(4, -1, 50, 1.0, {}).startswith("epoch 5  step 50")
+    assert epoch_line(4, -1, 50, 1.0, {}).startswith("epoch 5  step 50  ")
+    assert epoch_line(0, 1, 30, 1.0, {}, max_steps=30) == "epoch 1/1  step 30/30  1 s"

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from normlab import fid
@@ -52,8 +53,14 @@ def test_train_experiment_dit_writes_samples_and_fid(tmp_path):
     assert grid.is_file()
     from PIL import Image
 
-    # 10 classes x 2 samples of 28x28 with 2-pixel padding
-    assert Image.open(grid).size == (2 + 2 * 30, 2 + 10 * 30)
+    # 10 classes x 2 samples of 28x28 with 2-pixel padding, after a margin of class names
+    image = np.asarray(Image.open(grid))
+    width = image.shape[1] - (2 + 2 * 30)
+    assert image.shape == (2 + 10 * 30, width + 2 + 2 * 30) and width > 20
+    for row in range(10):  # each row's name: dark text in the margin, beside its images
+        cell = image[2 + 30 * row : 30 * (row + 1), :width]
+        assert (cell < 128).any(), row
+    assert (image[:2, :width] == 255).all()  # the margin is white where there is no name
     rows = list(csv.DictReader(open(run_dir / "csv" / "metrics.csv")))
     keys = {k for row in rows for k, v in row.items() if v}
     assert {"train/loss_step", "val/loss", "val/fid_lenet", "test/loss"} <= keys

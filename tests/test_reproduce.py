@@ -5,8 +5,10 @@ from __future__ import annotations
 import importlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -369,3 +371,54 @@ def test_a_users_norm_runs_through_a_reproduction_as_one_more_arm(tmp_path):
     md = (figures / "dyt_vs_ln+meanonly.md").read_text()
     assert "--norm meanonly --plugin examples.my_norm --quick" in md
     assert not (figures / "dyt_vs_ln.md").exists()  # the reproduction's own evidence untouched
+
+
+def test_estimate_is_the_committed_wall_time_over_the_parallel_jobs():
+    walls = pd.read_csv(REPO / "outputs" / "figures" / "bn_lenet" / "jobs.csv")["wall_time_s"]
+    assert REPRODUCTIONS["bn_lenet"].max_jobs is None  # --jobs 2 runs two at once
+    total = walls.sum()
+    assert script.estimate("bn_lenet") == (
+        f"about {total / 60:.0f} min ({len(walls)} jobs, from the committed run's wall times)"
+    )
+    assert script.estimate("bn_lenet", 2).startswith(f"about {total / 120:.0f} min at --jobs 2 (")
+    listed = subprocess.run([*SCRIPT, "--list"], capture_output=True, text=True, check=True)
+    assert f"    time (full): {script.estimate('bn_lenet')}\n" in listed.stdout
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_cleanly_and_the_next_invocation_continues(tmp_path: Path):
+    cmd = [*SCRIPT, "ln_rnn", "--quick", "--root", str(tmp_path)]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)  # fmt: skip
+    summaries = tmp_path / "outputs" / "reproduce"
+    deadline = time.time() + 600
+    while "ok" not in "".join(p.read_text() for p in summaries.rglob("summary.csv")):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl+C: the terminal signals the whole group
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == (
+        f"continue with: python scripts/reproduce.py ln_rnn --quick --root {tmp_path}"
+    )
+    again = reproduce("ln_rnn", "--quick", root=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "skipping finished job" in again.stderr + again.stdout
+    jobs = pd.read_csv(tmp_path / "outputs" / "figures" / "quick" / "ln_rnn" / "jobs.csv")
+    assert (jobs["status"] == "ok").all() and len(jobs) == 4
+
+
+def test_a_quick_md_says_its_notes_describe_the_full_budget(tmp_path: Path):
+    name = "gn_batch_size"  # an analysis with notes
+    figures = tmp_path / "outputs" / "figures"
+    for out in (figures / "quick" / name, figures / name):  # the committed evidence, redrawn
+        out.mkdir(parents=True)  # as if quick, and as it is
+        for file in ("runs.csv", "jobs.csv"):
+            shutil.copy(REPO / "outputs" / "figures" / name / file, out / file)
+    md = script.redraw(name, True, tmp_path)["md"].read_text()
+    notes = md.split("## Notes\n\n", 1)[1]
+    assert notes.startswith(f"- {script.quick_note(REPRODUCTIONS[name])}\n")
+    assert REPRODUCTIONS[name].full.text in notes.splitlines()[0]
+    full = script.redraw(name, False, tmp_path)  # no such note in a full run's md
+    assert "This is a --quick run" not in full["md"].read_text()

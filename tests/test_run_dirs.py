@@ -5,6 +5,7 @@ unwritable checkpoint dir found before training or said in one line when a save 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -219,3 +220,44 @@ def test_a_failing_save_fails_with_one_line_and_keeps_the_last_checkpoint(
     assert line.startswith(f"error: cannot save {checkpoints}/last.ckpt: cannot write to "), line
     last = torch.load(checkpoints / "last.ckpt", weights_only=False)
     assert last["global_step"] == 2  # the first epoch's checkpoint is intact
+
+
+def test_ckpt_path_last_with_nothing_to_resume_fails_unless_last_or_new(tmp_path):
+    run_dir = tmp_path / "run"
+    last = run_dir / "checkpoints" / "last.ckpt"
+    assert error_line(train(run_dir, "ckpt_path=last")) == (
+        f"error: ckpt_path=last: nothing to resume in {run_dir} (no {last}); name the run dir "
+        "to resume (hydra.run.dir=<dir>), or ckpt_path=last_or_new to start a new run when "
+        "there is none"
+    )
+    assert not last.parent.exists()  # nothing trained
+    new = train(run_dir, "ckpt_path=last_or_new")
+    assert new.returncode == 0 and last.is_file(), new.stderr[-3000:]
+    again = train(run_dir, "ckpt_path=last_or_new")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"Restoring states from the checkpoint path at {last}" in again.stdout + again.stderr
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_an_interrupted_run_says_where_it_is_and_how_to_continue(tmp_path, sig):
+    run_dir = tmp_path / "run"
+    kill = ["+callbacks.kill._target_=test_resume.KillAt",
+            "+callbacks.kill.hook=on_train_batch_start", "+callbacks.kill.batch=3",
+            f"+callbacks.kill.sig={sig}"]  # fmt: skip
+    args = ["trainer.limit_train_batches=4", "callbacks.last_checkpoint.every_n_train_steps=2"]
+    proc = train(run_dir, *args, *kill)
+    assert proc.returncode == 128 + signal.Signals[sig], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr
+    where, command = proc.stderr.strip().splitlines()[-2:]
+    assert where == f"interrupted ({sig}): run dir {run_dir}, resumable from checkpoints/last.ckpt"
+    argv = shlex.split(command.removeprefix("continue with: "))
+    assert argv[:2] == ["python", "train.py"] and command.startswith("continue with: ")
+    assert argv[2:] == [*RUN, *args, *kill, f"hydra.run.dir={run_dir}", "ckpt_path=last"]
+    resumed = subprocess.run(
+        [sys.executable, *argv[1:2], *(a for a in argv[2:] if a not in kill)],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "exists and is not empty" not in resumed.stderr  # its own checkpoints: no warning
+    last = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
+    assert last["global_step"] == 4

@@ -159,3 +159,36 @@ def test_a_summary_row_is_replaced_by_the_same_job_in_another_order_or_run_dir(t
                                                              ("a=3 b=2", "ok")]  # fmt: skip
     assert summary.previous_row(tmp_path, "a=1 b=2")["status"] == "failed"
     assert summary.previous_row(tmp_path, "a=2 b=2") is None
+
+
+def test_a_max_steps_sweep_ends_every_job_with_numbers(tmp_path):
+    """max_steps inside an epoch: each job validates at its last step, its summary row has the
+    last train loss and val numbers, the epoch line shows the step budget, and no warning says
+    the monitored key is missing."""
+    args = ["-m", "norm=batchnorm,groupnorm", "batch=32", *TINY, "trainer.limit_train_batches=6",
+            "trainer.max_steps=3", "trainer.log_every_n_steps=50", "progress=epoch",
+            f"hydra.sweep.dir={tmp_path}"]  # fmt: skip
+    proc = run_cli(*args)
+    out = proc.stdout + proc.stderr
+    assert out.count("epoch 1/1  step 3/3  train/acc ") == 2, out[-3000:]
+    assert "could not find the monitored key" not in out
+    rows = summary(tmp_path).values()
+    assert len(rows) == 2
+    for row in rows:
+        assert all(row[k] not in ("", "nan") for k in ("train/loss", "val/loss", "val/acc"))
+    md = (tmp_path / "summary.md").read_text()
+    assert "| train/acc | train/loss | val/acc | val/loss |" in md
+
+
+def test_a_run_says_its_dir_first_and_a_multirun_its_summary_last(tmp_path):
+    proc = run_cli("-m", "norm=batchnorm,none", "batch=32", *TINY, "test=false",
+                   f"hydra.sweep.dir={tmp_path}")  # fmt: skip
+    run_dirs = [r["run_dir"] for r in summary(tmp_path).values()]
+    for run_dir in run_dirs:
+        assert f"run dir: {run_dir}\n" in proc.stdout
+    assert proc.stdout.strip().splitlines()[-1] == (
+        f"summary: {tmp_path / 'summary.md'} (and summary.csv)"
+    )
+    single = run_cli("batch=32", *TINY, "test=false", f"hydra.run.dir={tmp_path / 'one'}")
+    lines = [line for line in single.stdout.splitlines() if "normlab." in line]
+    assert lines[0].endswith(f"run dir: {tmp_path / 'one'}"), single.stdout[-2000:]

@@ -4,14 +4,18 @@ that finishes, fails, diverges or is killed ends so in MLflow and wandb."""
 from __future__ import annotations
 
 import csv
+import json
 import os
+import shlex
 import signal
+import socket
 import struct
 import subprocess
 import sys
 import time
 from pathlib import Path
 from unittest import mock
+from urllib import request
 
 import lightning.pytorch as pl
 import pytest
@@ -20,6 +24,7 @@ from conftest import REPO, TINY
 from test_train import run_cli
 
 from normlab import loggers
+from normlab.config import _slug
 
 TRACKERS = ["logger=[wandb,mlflow]", "batch=16", *TINY]
 
@@ -49,13 +54,18 @@ def interrupt(hook: str, signame: str | None = None) -> list[str]:
     return [f"+callbacks.interrupt.{k}={v}" for k, v in keys.items() if v is not None]
 
 
-def mlflow_status(run_dir: Path) -> str:
-    """The status of the one MLflow run in the run dir's local store (FINISHED, FAILED, ...)."""
+def mlflow_runs(root: Path) -> list:
+    """The MLflow runs in the project store under the output root (<root>/mlruns)."""
     from mlflow import MlflowClient
 
     with mock.patch.dict(os.environ, {"MLFLOW_ALLOW_FILE_STORE": "true"}):  # as mlflow_logger
-        client = MlflowClient(tracking_uri=f"file:{run_dir / 'mlruns'}")
-        (run,) = client.search_runs([client.get_experiment_by_name("normlab").experiment_id])
+        client = MlflowClient(tracking_uri=f"file:{root / 'mlruns'}")
+        return client.search_runs([client.get_experiment_by_name("normlab").experiment_id])
+
+
+def mlflow_status(root: Path) -> str:
+    """The status of the one MLflow run in the store under root (FINISHED, FAILED, ...)."""
+    (run,) = mlflow_runs(root)
     return run.info.status
 
 
@@ -98,8 +108,13 @@ def wandb_exit_code(run_dir: Path, wait_s: float = 10.0) -> int:
 def test_all_trackers_at_once_in_a_multirun(tmp_path):
     run_cli(
         "-m", "logger=[csv,tensorboard,wandb,mlflow]", "norm=batchnorm,none", "batch=16", *TINY,
-        f"hydra.sweep.dir={tmp_path}",
+        f"hydra.sweep.dir={tmp_path}", f"paths.output_root={tmp_path}",
     )  # fmt: skip
+    tiny = ",".join(TINY)
+    runs = {r.info.run_name: r for r in mlflow_runs(tmp_path)}  # one store for the project
+    assert sorted(runs) == [f"norm={n},batch=16,{tiny}" for n in ("batchnorm", "none")]
+    assert {r.data.tags["group"] for r in runs.values()} == {tmp_path.name}  # the sweep
+    assert {r.info.status for r in runs.values()} == {"FINISHED"}
     with open(tmp_path / "summary.csv") as f:
         rows = list(csv.DictReader(f))
     assert [r["status"] for r in rows] == ["ok", "ok"]
@@ -108,12 +123,13 @@ def test_all_trackers_at_once_in_a_multirun(tmp_path):
         assert (run / "csv" / "metrics.csv").stat().st_size > 0
         hparams = yaml.safe_load((run / "csv" / "hparams.yaml").read_text())
         assert hparams["norm"]["name"] in ("batchnorm", "none") and hparams["seed"] == 42
-        assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+        (mlflow_run,) = [r for r in runs.values() if r.data.tags["run_dir"] == str(run)]
+        name = mlflow_run.info.run_name  # the job's overrides
+        assert list((run / "tensorboard" / _slug(name)).glob("events.out.tfevents.*"))
         (wandb_run,) = (run / "wandb").glob("offline-run-*")  # one run per job, offline
         assert list(wandb_run.glob("run-*.wandb"))
-        mlflow_metrics = list((run / "mlruns").glob("*/*/metrics/train/loss_step"))
-        assert mlflow_metrics and mlflow_metrics[0].read_text().strip()
-        assert mlflow_status(run) == "FINISHED" and wandb_exit_code(run) == 0
+        assert mlflow_run.data.metrics["train/loss_step"] > 0
+        assert wandb_exit_code(run) == 0
     # every wandb run of the sweep was finished before the next started
     logs = [p.read_text() for p in tmp_path.glob("*/wandb/debug.log")]
     assert len(logs) == 2 and all("finishing run" in text for text in logs)
@@ -138,7 +154,8 @@ def test_wandb_runs_offline_without_credentials_and_joins_the_sweep_group(tmp_pa
 def test_csv_is_always_on(tmp_path):
     run_cli("logger=tensorboard", "batch=16", *TINY, f"hydra.run.dir={tmp_path}")
     assert (tmp_path / "csv" / "metrics.csv").is_file()
-    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    name = _slug(",".join(["batch=16", *TINY]))
+    assert list((tmp_path / "tensorboard" / name).glob("events.out.tfevents.*"))
 
 
 def test_tensorboard_event_file_carries_the_config_for_the_hparams_tab(compose, tmp_path):
@@ -149,7 +166,9 @@ def test_tensorboard_event_file_carries_the_config_for_the_hparams_tab(compose, 
 
     cfg = compose(["logger=tensorboard", "norm=groupnorm", "batch=16", *TINY], tmp_path)
     train(cfg)
-    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    (log_dir,) = (tmp_path / "tensorboard").iterdir()  # named by the overrides
+    assert log_dir.name == _slug(",".join(["norm=groupnorm", "batch=16", *TINY]))
+    events = EventAccumulator(str(log_dir))
     events.Reload()
     content = events.PluginTagToContent("hparams")
     experiment = HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
@@ -193,8 +212,7 @@ def test_trackers_record_a_run_that_finishes_diverges_or_raises(
     from normlab.run import train
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # what mlflow_logger sets, not left set
-    name = ["+logger.mlflow.run_name=run"]  # compose sets no hydra.runtime.output_dir it reads
-    cfg = compose([*TRACKERS, *name, *overrides], tmp_path)
+    cfg = compose([*TRACKERS, f"paths.output_root={tmp_path}", *overrides], tmp_path)
     if status == "raised":
         with pytest.raises(RuntimeError, match="injected failure"):
             train(cfg)
@@ -217,9 +235,61 @@ def test_a_run_ended_by_a_signal_is_killed_in_mlflow_and_fails_in_wandb(hook, si
     path = [str(REPO / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}  # for Interrupt
     cmd = [sys.executable, "train.py", *TRACKERS, *interrupt(hook, signum.name),
-           f"hydra.run.dir={tmp_path}"]  # fmt: skip
+           f"hydra.run.dir={tmp_path}", f"paths.output_root={tmp_path}"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 128 + signum, proc.stderr
     assert mlflow_status(tmp_path) == "KILLED"
     assert wandb_exit_code(tmp_path) == 128 + signum
-    assert not list(tmp_path.glob("mlruns/*/*/metrics/test"))  # stopped before test
+    (run,) = mlflow_runs(tmp_path)
+    assert not [k for k in run.data.metrics if k.startswith("test/")]  # stopped before test
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_mlflow_ui_reads_a_run_back_from_the_project_store(tmp_path):
+    """The README's `mlflow ui` on the project store, on 127.0.0.1: a run read back through its
+    REST API. The UI's command: $NORMLAB_MLFLOW_UI (e.g. an environment of its own, README
+    "Trackers"), else this environment's `python -m mlflow` (skipped, with its error, when the
+    full mlflow package cannot start here)."""
+    run_cli("logger=[csv,mlflow]", "norm=groupnorm", "batch=16", *TINY,
+            f"hydra.run.dir={tmp_path / 'run'}", f"paths.output_root={tmp_path}")  # fmt: skip
+    given = os.environ.get("NORMLAB_MLFLOW_UI")
+    ui = shlex.split(given) if given else [sys.executable, "-m", "mlflow"]
+    port = free_port()
+    env = {**os.environ, "MLFLOW_ALLOW_FILE_STORE": "true"}
+    cmd = [*ui, "ui", "--backend-store-uri", f"file:{tmp_path / 'mlruns'}", "--host",
+           "127.0.0.1", "--port", str(port)]  # fmt: skip
+    server = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    api = f"http://127.0.0.1:{port}/api/2.0/mlflow"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                url = f"{api}/experiments/get-by-name?experiment_name=normlab"
+                with request.urlopen(url, timeout=5) as answer:
+                    experiment = json.load(answer)["experiment"]
+                break
+            except OSError:
+                if server.poll() is not None:
+                    out = server.stdout.read().decode(errors="replace").strip()
+                    if not given:
+                        pytest.skip(f"mlflow ui cannot start here: {out.splitlines()[-1]}")
+                    raise AssertionError(out[-3000:]) from None
+                assert time.monotonic() < deadline, "mlflow ui did not answer in 120 s"
+                time.sleep(1)
+        body = json.dumps({"experiment_ids": [experiment["experiment_id"]]}).encode()
+        search = request.Request(f"{api}/runs/search", data=body,
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+        with request.urlopen(search, timeout=10) as answer:
+            (run,) = json.load(answer)["runs"]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert run["info"]["run_name"] == ",".join(["norm=groupnorm", "batch=16", *TINY])
+    assert run["info"]["status"] == "FINISHED"
+    assert {m["key"] for m in run["data"]["metrics"]} >= {"train/loss_step", "val/acc"}

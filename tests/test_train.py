@@ -170,3 +170,27 @@ def test_multirun_over_norms_writes_a_summary(tmp_path):
     assert all(r["status"] == "ok" and float(r["test/acc"]) >= 0 for r in rows)
     assert len({r["run_dir"] for r in rows}) == len(rows)
     assert "| norm=groupnorm" in (tmp_path / "summary.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "max_steps, max_epochs, epoch, ready, step, last",
+    [
+        (30, 10, 0, 30, 29, True),  # the step that reaches max_steps, inside an epoch
+        (30, 10, 0, 29, 28, False),
+        (-1, 2, 1, 5, 9, True),  # the last batch (5 per epoch) of the last epoch
+        (-1, 2, 0, 5, 4, False),  # the last batch of an earlier epoch
+        (-1, -1, 7, 5, 39, False),  # no end in sight
+    ],
+)
+def test_last_step_is_the_step_that_ends_the_run(max_steps, max_epochs, epoch, ready, step, last):
+    from types import SimpleNamespace
+
+    from normlab.tasks.base import last_step
+
+    progress = SimpleNamespace(current=SimpleNamespace(ready=ready))
+    trainer = SimpleNamespace(
+        max_steps=max_steps, max_epochs=max_epochs, current_epoch=epoch, global_step=step,
+        num_training_batches=5 if max_steps < 0 else 100,
+        fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)),
+    )  # fmt: skip
+    assert last_step(trainer) is last

@@ -53,8 +53,9 @@ def record_outcome(job: int, status: str) -> None:
 
 
 class SweepExitCode(Callback):
-    """After a multirun in which a job failed or diverged, print one line and exit with
-    EXIT_JOBS_FAILED; every job has run and written its summary row by then. All ok: exit 0."""
+    """After a multirun, print where its summary is; when a job failed or diverged, print one
+    line more and exit with EXIT_JOBS_FAILED; every job has run and written its summary row by
+    then. All ok: exit 0."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         folder = Path(config.hydra.sweep.dir) / f".outcomes-{os.getpid()}"
@@ -68,6 +69,9 @@ class SweepExitCode(Callback):
             return
         statuses = [p.read_text() for p in Path(folder).iterdir() if not p.name.startswith(".")]
         shutil.rmtree(folder, ignore_errors=True)
+        sweep_dir = Path(config.hydra.sweep.dir).absolute()
+        if (sweep_dir / "summary.md").is_file():
+            print(f"summary: {sweep_dir / 'summary.md'} (and summary.csv)", flush=True)
         bad = Counter(status for status in statuses if status != "ok")
         if bad:
             counts = ", ".join(f"{n} {status}" for status, n in sorted(bad.items()))

@@ -44,6 +44,30 @@ def sweep_group() -> str | None:
     return Path(hc.sweep.dir).name if hc.mode == RunMode.MULTIRUN else None
 
 
+NOT_IN_NAME = ("logger", "hydra")  # with identity.NOT_IDENTITY: overrides a run name leaves out
+
+
+def run_name() -> str | None:
+    """A run's name for the trackers: its overrides as typed, comma-joined
+    (`norm=groupnorm,batch=2`; "default" for none), without those that say where it writes,
+    how it resumes or which trackers log it; None outside a Hydra job."""
+    from normlab.identity import NOT_IDENTITY
+
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        overrides = list(HydraConfig.get().overrides.task)
+    except (ImportError, ValueError):
+        return None
+    left_out = (*NOT_IDENTITY, *NOT_IN_NAME)
+    kept = [
+        o
+        for o in overrides
+        if o.split("=", 1)[0].lstrip("+~").split(".")[0].split("/")[0] not in left_out
+    ]
+    return ",".join(kept) or "default"
+
+
 def wandb_has_credentials() -> bool:
     """True when an API key is in the environment or ~/.netrc (no network involved)."""
     if os.environ.get("WANDB_API_KEY"):
@@ -55,16 +79,24 @@ def wandb_has_credentials() -> bool:
     return bool(auth and auth[2])
 
 
-def _keep_rows(path: Path, keep_until_step: int, keep_rows: int | None) -> tuple[list[str], int]:
-    """Cut the metrics.csv at path to its first `keep_rows` rows (without that count, the rows
-    of steps before `keep_until_step`); its header and the rows kept."""
+def _keep_rows(
+    path: Path, keep_until_step: int, keep_rows: int | None, logged_rows: int | None = None
+) -> tuple[list[str], int]:
+    """Cut the metrics.csv at path to its first `keep_rows` rows; without that count, to the
+    rows of steps before `keep_until_step` and the first `logged_rows` rows (the rows logged
+    before a checkpoint taken after a batch, such as a callback's value of that batch logged at
+    the step it ends). Its header and the rows kept."""
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
         header = list(reader.fieldnames or [])
         if keep_rows is not None:
             rows = list(itertools.islice(reader, keep_rows))
         else:
-            rows = [r for r in reader if int(float(r["step"])) < keep_until_step]
+            rows = [
+                r
+                for i, r in enumerate(reader)
+                if int(float(r["step"])) < keep_until_step or i < (logged_rows or 0)
+            ]
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=header)
         writer.writeheader()
@@ -78,7 +110,8 @@ class ResumableCSVLogger(CSVLogger):
     Rows logged after the checkpoint being resumed are dropped first: the resumed run logs
     them again. They are the rows after the first `resume_rows` (`rows`, the rows logged so
     far, as LastCheckpoint stored it in the checkpoint), or without that count the rows of
-    steps >= `resume_step`.
+    steps >= `resume_step` that are not among the first `resume_batch_rows` (the rows logged
+    before a checkpoint taken after a batch).
     """
 
     def __init__(
@@ -86,11 +119,13 @@ class ResumableCSVLogger(CSVLogger):
         *args: Any,
         resume_step: int | None = None,
         resume_rows: int | None = None,
+        resume_batch_rows: int | None = None,
         **kwargs: Any,
     ):
         super().__init__(*args, **kwargs)
         self.resume_step = resume_step
         self.resume_rows = resume_rows
+        self.resume_batch_rows = resume_batch_rows
         self.rows = 0
         self._opened = False  # the writer exists (made by the first use of `experiment`)
 
@@ -103,7 +138,9 @@ class ResumableCSVLogger(CSVLogger):
         path = Path(self.log_dir) / ExperimentWriter.NAME_METRICS_FILE
         if not path.is_file():
             return super().experiment
-        header, self.rows = _keep_rows(path, self.resume_step, self.resume_rows)
+        header, self.rows = _keep_rows(
+            path, self.resume_step, self.resume_rows, self.resume_batch_rows
+        )
         # Lightning's writer deletes a metrics.csv it finds: it is put back once the writer exists
         aside = path.with_name(f".{path.name}.resumed")
         os.replace(path, aside)
@@ -154,6 +191,11 @@ class HparamsTensorBoardLogger(TensorBoardLogger):
         **kwargs: Any,
     ):
         kwargs["default_hp_metric"] = False  # no placeholder metric
+        if kwargs.get("version") is None:  # TensorBoard's run name: <save_dir>/<name>/<version>
+            from normlab.config import _slug
+
+            name = run_name()
+            kwargs["version"] = _slug(name) if name else None
         super().__init__(*args, **kwargs)
         self.hp_metrics = list(hp_metrics)
 
@@ -201,6 +243,7 @@ def wandb_logger(
     return WandbLogger(
         project=project,
         save_dir=save_dir,
+        name=kwargs.pop("name", None) or run_name(),
         group=group or sweep_group(),
         mode=mode,
         tags=list(tags or []),
@@ -212,16 +255,24 @@ def wandb_logger(
 
 
 def mlflow_logger(
-    experiment_name: str = "normlab", tracking_uri: str | None = None, **kwargs: Any
+    experiment_name: str = "normlab",
+    tracking_uri: str | None = None,
+    run_dir: str | None = None,
+    **kwargs: Any,
 ) -> MLFlowLogger:
-    """An MLFlowLogger; a `file:` store is allowed explicitly (MLflow 3 asks for an opt-in)."""
+    """An MLFlowLogger named by its overrides (run_name), tagged with its sweep (`group`, the
+    sweep dir's name) and `run_dir`. A `file:` store is made absolute (every run of the project
+    in one store, wherever it is started from) and allowed explicitly (MLflow 3 asks for an
+    opt-in: MLFLOW_ALLOW_FILE_STORE)."""
     if tracking_uri and tracking_uri.startswith("file:"):
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        tracking_uri = Path(os.path.abspath(tracking_uri.removeprefix("file:"))).as_uri()
+    tags = {"group": sweep_group() or "", "run_dir": os.path.abspath(run_dir) if run_dir else ""}
     return MLFlowLogger(
         experiment_name=experiment_name,
         tracking_uri=tracking_uri,
-        run_name=kwargs.pop("run_name", None) or sweep_job_name(),
-        tags={"group": sweep_group() or ""},
+        run_name=kwargs.pop("run_name", None) or run_name(),
+        tags={**tags, **(kwargs.pop("tags", None) or {})},
         **kwargs,
     )
 
@@ -245,16 +296,6 @@ def check_servers(logger_cfg: DictConfig | None) -> None:
                 f"logger.{name}.tracking_uri={uri}: cannot reach the tracking server: {reason} "
                 f"(connect timeout {PROBE_TIMEOUT_S:g} s); start it, or use another tracking_uri"
             ) from err
-
-
-def sweep_job_name() -> str | None:
-    """The run dir's name (unique per run and per multirun job)."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        return Path(HydraConfig.get().runtime.output_dir).name
-    except (ImportError, ValueError):
-        return None
 
 
 def killed_by(err: BaseException | None) -> int | None:

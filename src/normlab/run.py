@@ -9,10 +9,13 @@ import math
 import os
 import random
 import re
+import shlex
 import signal
+import sys
 import threading
 import time
 import traceback
+import warnings
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +31,8 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from normlab import config, console, identity, loggers, rundir, summary
+from normlab.callbacks.checkpoint import EpochMeansInCheckpoint
+from normlab.callbacks.last_step import ValidateLastStep
 from normlab.callbacks.progress import EpochProgress
 from normlab.compute import keep_heap
 from normlab.errors import ConfigError, RunDirError, UserError
@@ -41,6 +46,7 @@ MODEL_KEYS = ("model", "norm", "placement", "optim")  # what builds the task a c
 RESUME_KEYS = ("state_dict", "global_step", "epoch", "optimizer_states")  # what a resume reads
 SHOWN_DIFFERENCES = 4  # differing keys an error names
 _ABSENT = object()
+RESUMED_DIR_WARNING = r"Checkpoint directory .* exists and is not empty"  # ModelCheckpoint's
 _ALIAS = re.compile(r"\$\{[\w.]+\}")  # a node that is another node (model.net.norm: ${norm})
 
 
@@ -54,18 +60,29 @@ def _run_dir(cfg: DictConfig) -> Path:
     return Path(cfg.paths.output_dir)
 
 
+LAST, LAST_OR_NEW = "last", "last_or_new"  # ckpt_path values naming this run dir's last.ckpt
+
+
 def resolve_ckpt(cfg: DictConfig) -> str | None:
-    """ckpt_path: null | last (this run dir) | a run dir | a .ckpt file."""
+    """ckpt_path: null | last (this run dir's last.ckpt, which must exist) | last_or_new (it,
+    or a new run when there is none) | a run dir | a .ckpt file."""
     value = cfg.get("ckpt_path")
     if value in (None, ""):
         return None
-    path = _run_dir(cfg) / "checkpoints" / "last.ckpt" if value == "last" else Path(value)
+    here = value in (LAST, LAST_OR_NEW)
+    path = _run_dir(cfg) / "checkpoints" / "last.ckpt" if here else Path(value)
     if path.is_dir():
         path = path / "checkpoints" / "last.ckpt"
     if not path.is_file():
-        if value == "last":
-            log.info("ckpt_path=last: no %s yet, starting from scratch", path)
+        if value == LAST_OR_NEW:
+            log.info("ckpt_path=last_or_new: no %s yet, starting a new run", path)
             return None
+        if value == LAST:
+            raise ConfigError(
+                f"ckpt_path=last: nothing to resume in {_run_dir(cfg)} (no {path}); name the "
+                "run dir to resume (hydra.run.dir=<dir>), or ckpt_path=last_or_new to start a "
+                "new run when there is none"
+            )
         raise ConfigError(f"ckpt_path={value!r}: no checkpoint at {path}")
     return str(path)
 
@@ -182,11 +199,16 @@ def _other_run(cfg: DictConfig) -> str | None:
 def build_callbacks(
     cfg: DictConfig, task: pl.LightningModule, resolved: dict[str, Any] | None = None
 ) -> list[pl.Callback]:
-    """cfg.callbacks (a null entry dropped), the config in every checkpoint, the epoch lines.
+    """cfg.callbacks (a null entry dropped), the config and the training epoch's running means
+    in every checkpoint, a validation at a last step inside an epoch, the epoch lines.
     `resolved`: cfg resolved, when the caller has it already."""
     if resolved is None:
         resolved = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
-    callbacks: list[pl.Callback] = [ConfigInCheckpoint(resolved)]  # type: ignore[arg-type]
+    callbacks: list[pl.Callback] = [
+        ConfigInCheckpoint(resolved),  # type: ignore[arg-type]
+        EpochMeansInCheckpoint(),
+        ValidateLastStep(),
+    ]
     for name, cb_cfg in (cfg.get("callbacks") or {}).items():
         if cb_cfg is None:
             continue
@@ -227,11 +249,16 @@ def build_trainer(
 
 def resume_point(checkpoint: dict[str, Any] | None) -> dict[str, int | None]:
     """{} without a checkpoint; else the global step it was saved at and the rows of the CSV
-    log before it (None in a checkpoint that did not count them)."""
+    log before it (None in a checkpoint that did not count them): all of them (resume_rows,
+    a checkpoint after validation or at the end) or those logged before a checkpoint taken
+    after a batch (resume_batch_rows)."""
     if checkpoint is None:
         return {}
-    rows = checkpoint.get("csv_rows")
-    return {"resume_step": int(checkpoint["global_step"]), "resume_rows": rows}
+    return {
+        "resume_step": int(checkpoint["global_step"]),
+        "resume_rows": checkpoint.get("csv_rows"),
+        "resume_batch_rows": checkpoint.get("csv_rows_at_batch"),
+    }
 
 
 def build_task(cfg: DictConfig) -> tuple[int, pl.LightningDataModule, pl.LightningModule]:
@@ -289,12 +316,12 @@ def build(
     if not validated:
         config.validate(cfg)
     loggers.check_servers(cfg.get("logger"))
+    ckpt = resolve_ckpt(cfg)  # ckpt_path=last with nothing to resume fails before the data loads
     other_run = _other_run(cfg)  # before a random seed is written into cfg
     seed, datamodule, task = build_task(cfg)
     preflight(task, int(cfg.batch))
 
     run_dir = _run_dir(cfg)
-    ckpt = resolve_ckpt(cfg)
     if ckpt and checkpoint is None:  # a sweep job hands over the last.ckpt it has read
         checkpoint = read_checkpoint(ckpt, f"ckpt_path={cfg.ckpt_path}")
     if checkpoint is not None:
@@ -338,9 +365,12 @@ def fit(objects: Objects) -> dict[str, Any]:
         with _sigterm_ends_run():
             for tracker in trackers:
                 tracker.log_hyperparams(o.hparams)
-            o.trainer.fit(
-                o.task, datamodule=o.datamodule, ckpt_path=o.ckpt_path, weights_only=False
-            )
+            with warnings.catch_warnings():
+                if o.ckpt_path is not None:  # a resume: the checkpoint dir holds its own files
+                    warnings.filterwarnings("ignore", RESUMED_DIR_WARNING)
+                o.trainer.fit(
+                    o.task, datamodule=o.datamodule, ckpt_path=o.ckpt_path, weights_only=False
+                )
             if o.trainer.received_sigterm:  # in fit's last batch: Lightning let it finish
                 raise SIGTERMException()
             status = getattr(o.task, "run_status", "ok")
@@ -414,10 +444,19 @@ def main(cfg: DictConfig, validated: bool = False) -> float | None:
     before torch loads)."""
     hc = _hydra()
     multirun = hc is not None and hc.mode.name == "MULTIRUN"
+    if not rundir.other_rank():
+        log.info("run dir: %s", _run_dir(cfg).absolute())
     if not multirun:
         try:
             result = train(cfg, validated=validated)
-        except Exception as err:
+        except BaseException as err:
+            signum = loggers.killed_by(err)
+            if signum:  # Ctrl+C, SIGTERM: where the run is and how to go on
+                if not rundir.other_rank():
+                    print(interrupted(cfg, hc, signum), file=sys.stderr)
+                raise SystemExit(128 + signum) from None
+            if not isinstance(err, Exception):
+                raise
             cause = user_error(err) or rundir.write_error(err, _run_dir(cfg))
             if cause is None:
                 raise
@@ -448,8 +487,39 @@ def main(cfg: DictConfig, validated: bool = False) -> float | None:
         return objective(cfg, {"status": "failed", "metrics": {}})
     try:
         return _sweep_job(cfg, hc, overrides, ident, before, same)
+    except BaseException as err:
+        signum = loggers.killed_by(err)
+        if not signum:
+            raise
+        print(interrupted(cfg, hc, signum), file=sys.stderr)
+        raise SystemExit(128 + signum) from None
     finally:
         os.close(held)
+
+
+def interrupted(cfg: DictConfig, hc: Any, signum: int) -> str:
+    """Two lines for a run or sweep ended by a signal: where it is, and the command that
+    continues it (the same overrides, its dir, and for a single run ckpt_path=last, or
+    last_or_new before its first checkpoint; a multirun skips finished jobs and resumes the
+    others)."""
+    name = signal.Signals(signum).name
+    if hc is not None and hc.mode.name == "MULTIRUN":
+        argv = [a for a in sys.argv[1:] if not a.startswith("hydra.sweep.dir=")]
+        argv = argv if {"-m", "--multirun"} & set(argv) else ["-m", *argv]
+        sweep_dir = Path(hc.sweep.dir).absolute()
+        command = ["python", "train.py", *argv, f"hydra.sweep.dir={sweep_dir}"]
+        return (
+            f"interrupted ({name}): sweep dir {sweep_dir}, job {hc.job.num} in "
+            f"{Path(cfg.paths.output_dir).absolute()}\ncontinue with: {shlex.join(command)}"
+        )
+    run_dir = _run_dir(cfg).absolute()
+    last = run_dir / "checkpoints" / "last.ckpt"
+    kept = [o for o in (hc.overrides.task if hc is not None else [])
+            if not o.lstrip("+~").startswith(("ckpt_path=", "hydra.run.dir="))]  # fmt: skip
+    resume = LAST if last.is_file() else LAST_OR_NEW
+    command = ["python", "train.py", *kept, f"hydra.run.dir={run_dir}", f"ckpt_path={resume}"]
+    where = "resumable from checkpoints/last.ckpt" if last.is_file() else "no checkpoint yet"
+    return f"interrupted ({name}): run dir {run_dir}, {where}\ncontinue with: {shlex.join(command)}"
 
 
 def _sweep_job(cfg: DictConfig, hc: Any, overrides: str, ident: dict[str, str],
@@ -474,7 +544,7 @@ def _sweep_job(cfg: DictConfig, hc: Any, overrides: str, ident: dict[str, str],
         else:
             log.info("job [%s] was %s: resuming from %s", overrides, before["status"], last)
             with open_dict(cfg):
-                cfg.ckpt_path = "last"
+                cfg.ckpt_path = LAST
     row: dict[str, Any] = {
         "job": hc.job.num,
         "overrides": overrides,

@@ -16,8 +16,9 @@ turn, in a random order each round, the ratio taken per round, then the median o
 stepping a twin model after each of normlab's steps in the same run (timing.PairedSteps), the
 ratio taken per pair, then the median; whole runs of each side, in turn, give the other rows;
 end to end, the two processes run in turn, the wall-time ratio taken per round, then the median.
-Prints markdown tables and writes outputs/bench/<part>.csv and <part>.md (outputs/bench/keep_heap/
-with --keep-heap; --out DIR writes them to DIR instead).
+Prints markdown tables and writes outputs/bench-local/<part>.csv and <part>.md (keep_heap/ under
+it with --keep-heap), a folder git ignores; --out DIR writes them to DIR instead. The committed
+tables (outputs/bench/) are written with --out outputs/bench, on an idle machine.
 
 --keep-heap: glibc returns freed memory above a threshold to the OS (large blocks are mmapped,
 the heap top is trimmed), so a path that allocates many full-size temporaries pays page faults
@@ -36,7 +37,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
-OUT = REPO / "outputs" / "bench"
+OUT = REPO / "outputs" / "bench-local"  # ignored by git; outputs/bench/ holds the committed tables
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
@@ -78,8 +79,8 @@ def main(argv: list[str] | None = None) -> None:
         "--out",
         type=Path,
         default=None,
-        help="dir for <part>.csv and .md (default: outputs/bench/, keep_heap/ under it with "
-        "--keep-heap)",
+        help="dir for <part>.csv and .md (default: outputs/bench-local/, ignored by git, "
+        "keep_heap/ under it with --keep-heap; the committed tables: --out outputs/bench)",
     )
     args = parser.parse_args(argv)
     heap = "default"

@@ -20,8 +20,27 @@ def image_grid(pixels: torch.Tensor, per_row: int) -> np.ndarray:
     return (grid.clamp(0, 1) * 255).round().to(torch.uint8).numpy()
 
 
+def label_rows(grid: np.ndarray, labels: list[str], padding: int = 2) -> np.ndarray:
+    """The grid with a white margin on its left holding each row's label, centred on the row
+    (rows of equal height, `padding` pixels above each and below the last)."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    font = ImageFont.load_default()
+    width = max(int(font.getlength(text)) for text in labels) + 2 * padding + 2
+    mode = "L" if grid.ndim == 2 else "RGB"
+    canvas = Image.new(mode, (width + grid.shape[1], grid.shape[0]), "white")
+    canvas.paste(Image.fromarray(grid), (width, 0))
+    draw = ImageDraw.Draw(canvas)
+    row = (grid.shape[0] - padding) / len(labels)  # a row: padding, then its images
+    for i, text in enumerate(labels):
+        middle = i * row + padding + (row - padding) / 2
+        draw.text((padding, middle), text, fill="black", font=font, anchor="lm")
+    return np.asarray(canvas)
+
+
 class SampleGrid(pl.Callback):
-    """Sample `per_class` images of every class with the EMA weights; save and log the grid."""
+    """Sample `per_class` images of every class with the EMA weights; save and log the grid,
+    each row labelled with its class's name when the data module has them (`classes`)."""
 
     def __init__(
         self,
@@ -45,4 +64,7 @@ class SampleGrid(pl.Callback):
             labels, steps=self.steps, guidance_scale=self.guidance_scale, seed=self.seed
         )  # (classes * per_class, C, H, W), row i = class i
         grid = image_grid(pixels, self.per_class)
+        names = getattr(trainer.datamodule, "classes", None) if trainer.datamodule else None
+        if names is not None and len(names) == pl_module.num_classes:
+            grid = label_rows(grid, [str(n) for n in names])  # a row per class, named
         log_image(trainer, "samples", grid, f"samples/epoch_{trainer.current_epoch:03d}")

@@ -10,7 +10,9 @@ import torch
 
 class UpdateNorm(pl.Callback):
     """Log `update_norm` for the first `steps` steps: the mean per-token L2 norm of the change in
-    the model's output (logits) on the first training batch, computed in eval mode."""
+    the model's output (logits) on the first training batch, computed in eval mode. The batch
+    and its first output are kept in checkpoints while they are needed: a resumed run goes on
+    logging it."""
 
     def __init__(self, steps: int = 100, every_n_steps: int = 1, max_examples: int = 8) -> None:
         self.steps, self.every_n_steps, self.max_examples = steps, every_n_steps, max_examples
@@ -48,3 +50,12 @@ class UpdateNorm(pl.Callback):
         value = diff.norm(dim=-1).mean().item()
         for logger in trainer.loggers:
             logger.log_metrics({"update_norm": value}, step=step)
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.reference is None:
+            return {}
+        return {"inputs": self.inputs, "reference": self.reference}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict:
+            self.inputs, self.reference = state_dict["inputs"], state_dict["reference"]

@@ -42,6 +42,7 @@ class FashionMNISTDataModule(pl.LightningDataModule):
     """Train/val/test splits as float tensors (N, 1, 28, 28), standardized with train mean/std."""
 
     num_classes = 10
+    classes = CLASSES  # names of labels 0..9
     input_shape = (1, 28, 28)
 
     def __init__(

@@ -38,7 +38,14 @@ def download(url: str, path: Path, timeout: float = 30.0) -> None:
 
 
 class WindowBatches:
-    """An epoch of `num_batches` batches (x, y) of random windows, y = x shifted by one."""
+    """An epoch of `num_batches` batches (x, y) of random windows, y = x shifted by one.
+
+    The windows of an epoch are a function of its seed only. `state_dict` records the seed of
+    the epoch being iterated and how many batches it handed out (Lightning saves it in
+    checkpoints and restores it on resume): a loader resumed in that epoch draws the windows
+    of the batches done and drops them, so it goes on with the same windows as an uninterrupted
+    run. A checkpoint of an epoch's end leaves its position behind (another seed: the next
+    epoch starts at its first batch)."""
 
     def __init__(
         self,
@@ -50,17 +57,33 @@ class WindowBatches:
     ) -> None:
         self.data, self.ctx, self.batch_size = data, ctx, batch_size
         self.num_batches, self.seed = num_batches, seed
+        self.epoch_seed: int | None = None  # the seed of the epoch being iterated
+        self.done = 0  # batches handed out in that epoch
+        self._resume: tuple[int | None, int] = (None, 0)  # (epoch_seed, done) of a loaded state
 
     def __len__(self) -> int:
         return self.num_batches
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        g = torch.Generator().manual_seed(self.seed())
+        seed = self.seed()  # read at the first batch, in the epoch that consumes it
+        g = torch.Generator().manual_seed(seed)
+        (resume_seed, done), self._resume = self._resume, (None, 0)
+        skip = done if resume_seed == seed else 0
+        self.epoch_seed, self.done = seed, skip
         offsets = torch.arange(self.ctx + 1)  # (T + 1,)
-        for _ in range(self.num_batches):
+        for i in range(self.num_batches):
             start = torch.randint(0, len(self.data) - self.ctx, (self.batch_size,), generator=g)
+            if i < skip:  # done before the checkpoint: drawn only to advance the generator
+                continue
             windows = self.data[start[:, None] + offsets]  # (B, T + 1)
+            self.done = i + 1  # counted when handed out (Lightning knows the length: no prefetch)
             yield windows[:, :-1], windows[:, 1:]  # (B, T), (B, T)
+
+    def state_dict(self) -> dict[str, int | None]:
+        return {"epoch_seed": self.epoch_seed, "done": self.done}
+
+    def load_state_dict(self, state: dict[str, int | None]) -> None:
+        self._resume = (state.get("epoch_seed"), int(state.get("done") or 0))
 
 
 class FixedBatches:

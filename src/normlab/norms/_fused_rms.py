@@ -19,6 +19,7 @@ import functools
 import hashlib
 import logging
 import os
+import re
 import warnings
 from pathlib import Path
 
@@ -77,11 +78,29 @@ def _build() -> bool:
     except Exception as err:  # no compiler, no ninja, no source file: keep the torch path
         warnings.warn(
             f"normlab: the fused RMSNorm kernel could not be built ({type(err).__name__}: "
-            f"{str(err)[:300]}); RMSNorm uses its pure-torch fast path",
+            f"{build_errors(str(err))}); RMSNorm uses its pure-torch fast path",
             stacklevel=3,  # the caller of available()
         )
         return False
     return True
+
+
+SHOWN_ERRORS = 6  # compiler error lines a failed build's warning shows
+
+
+def build_errors(text: str) -> str:
+    """The cause of a failed build in torch's error text: the compiler's error lines (ninja's
+    output repeats each command first), " | "-joined; the text's last lines when it has none."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    commands = ("[", "FAILED:", "ninja: ", "Error building extension")
+    errors = [
+        line
+        for line in lines
+        if re.search(r"\berror\b", line, re.IGNORECASE) and not line.startswith(commands)
+    ]
+    shown = errors[:SHOWN_ERRORS] or lines[-3:]
+    more = len(errors) - SHOWN_ERRORS
+    return " | ".join(shown) + (f" | and {more} more error lines" if more > 0 else "")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -53,6 +53,17 @@ def warmup_schedule(
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def last_step(trainer: pl.Trainer) -> bool:
+    """Whether the training step being taken is the run's last: max_steps reached by it, or the
+    last batch of the last epoch."""
+    if trainer.max_steps is not None and 0 < trainer.max_steps <= trainer.global_step + 1:
+        return True
+    epochs = trainer.max_epochs
+    last_epoch = epochs is not None and 0 < epochs <= trainer.current_epoch + 1
+    done = trainer.fit_loop.epoch_loop.batch_progress.current.ready  # this epoch's, this one in
+    return last_epoch and done >= trainer.num_training_batches
+
+
 class Task(pl.LightningModule):
     """Base task: owns the network, builds optimizer + schedule from the `optim` config
     (its `optimizer` and `scheduler`: partials instantiated from conf/optim/*.yaml).
@@ -77,13 +88,14 @@ class Task(pl.LightningModule):
 
     def log_step(self, name: str, value: torch.Tensor) -> None:
         """self.log of a per-step training value, on the steps the loggers write (every
-        trainer.log_every_n_steps): a value logged on other steps is never written, and each
-        self.log call costs about as much as a small model's optimizer step."""
+        trainer.log_every_n_steps) and on the run's last step (the final train loss of a run
+        of any length): a value logged on other steps is never written, and each self.log
+        call costs about as much as a small model's optimizer step."""
         trainer = self.trainer
         every = trainer.log_every_n_steps
         # the step being taken, counted from 1, as Lightning's logger connector counts it
         due = every > 0 and (trainer.global_step + 1) % every == 0
-        if due or trainer.should_stop or trainer.fast_dev_run:
+        if due or trainer.should_stop or trainer.fast_dev_run or last_step(trainer):
             self.log(name, value, on_step=True, on_epoch=False, prog_bar=True)
 
     def param_groups(self) -> list[dict[str, Any]]:

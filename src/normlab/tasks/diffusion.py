@@ -157,22 +157,27 @@ class DiffusionTask(Task):
 
     # ----- EMA ----------------------------------------------------------------------------------
 
-    def current_ema_decay(self) -> float:
-        """ema_decay, warmed up as min(decay, (1 + n) / (10 + n)) so short runs move the EMA."""
-        n = self.global_step
+    def current_ema_decay(self, step: int | None = None) -> float:
+        """ema_decay, warmed up as min(decay, (1 + n) / (10 + n)) so short runs move the EMA;
+        n = `step`, by default the optimizer steps taken (global_step)."""
+        n = self.global_step if step is None else step
         return min(self.ema_decay, (1 + n) / (10 + n)) if self.ema_warmup else self.ema_decay
 
     @torch.no_grad()
-    def update_ema(self) -> None:
-        """ema <- decay * ema + (1 - decay) * weights; buffers are copied."""
-        decay = self.current_ema_decay()
+    def update_ema(self, step: int | None = None) -> None:
+        """ema <- decay * ema + (1 - decay) * weights; buffers are copied. `step`: as in
+        current_ema_decay."""
+        decay = self.current_ema_decay(step)
         for ema_p, p in zip(self.ema.parameters(), self.net.parameters(), strict=True):
             ema_p.lerp_(p, 1 - decay)
         for ema_b, b in zip(self.ema.buffers(), self.net.buffers(), strict=True):
             ema_b.copy_(b)
 
-    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
-        self.update_ema()
+    def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+        super().optimizer_step(*args, **kwargs)
+        # Right after the weights change, before the callbacks' on_train_batch_end (a checkpoint
+        # saved there holds this update); global_step counts this step once this returns.
+        self.update_ema(step=self.global_step + 1)
 
     # ----- sampling -----------------------------------------------------------------------------
 
