@@ -49,11 +49,8 @@ def write_csv(rows: list[dict], path: Path) -> None:
         writer.writerows(rows)
 
 
-def main(argv: list[str] | None = None) -> None:
-    import torch
-
+def _parser() -> argparse.ArgumentParser:
     from normlab.bench import norms, train
-    from normlab.tables import markdown_table
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("part", nargs="?", default="all", choices=["norms", "train", "all"])
@@ -82,7 +79,16 @@ def main(argv: list[str] | None = None) -> None:
         help="dir for <part>.csv and .md (default: outputs/bench-local/, ignored by git, "
         "keep_heap/ under it with --keep-heap; the committed tables: --out outputs/bench)",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    import torch
+
+    from normlab.bench import norms, train
+    from normlab.tables import markdown_table
+
+    args = _parser().parse_args(argv)
     heap = "default"
     if args.keep_heap:
         from normlab.compute import keep_heap

@@ -144,6 +144,12 @@ def _norm_rows(case: NormCase, device: str, dtype: torch.dtype, rounds: int) -> 
         min_total_s=MIN_TOTAL_S * min(rounds, ROUNDS) / ROUNDS,
     )
     memory = {k: activation_bytes(m, x) for k, m in layers.items()}
+    return _rows(case, device, dtype, layers, times, memory)
+
+
+def _rows(case: NormCase, device: str, dtype: torch.dtype, layers: dict[str, nn.Module],
+          times: dict, memory: dict[str, int]) -> list[dict]:  # fmt: skip
+    """One table row per layer of a case: its time and activation memory against the baseline."""
     base = next(iter(case.baselines))
     rows = []
     for name in layers:
