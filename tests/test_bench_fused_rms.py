@@ -185,12 +185,12 @@ def test_a_failed_build_warns_with_the_compilers_error_lines_not_its_command(mon
 
     monkeypatch.setattr(cpp, "load", fail)
     monkeypatch.setenv("NORMLAB_FUSED_RMS", "1")
-    _fused_rms.available.cache_clear()
+    _fused_rms._build.cache_clear()
     try:
         with pytest.warns(UserWarning) as caught:
             assert not _fused_rms.available()
     finally:
-        _fused_rms.available.cache_clear()
+        _fused_rms._build.cache_clear()
     (message,) = [str(w.message) for w in caught if "fused RMSNorm" in str(w.message)]
     assert message == (
         "normlab: the fused RMSNorm kernel could not be built (RuntimeError: "

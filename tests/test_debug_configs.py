@@ -65,7 +65,7 @@ def test_fast_dev_run_end_to_end_through_train_py(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     log = (tmp_path / "train.log").read_text()
     assert "Running in `fast_dev_run` mode" in log
-    assert "epoch 1/1  step 1  train/acc" in log  # normlab's epoch line
+    assert "epoch 1/1  step 1/1  train/acc" in log  # normlab's epoch line
     assert "test/acc" in proc.stdout
     assert OmegaConf.load(tmp_path / ".hydra" / "config.yaml").trainer.fast_dev_run is True
     assert not list(tmp_path.rglob("*.ckpt"))

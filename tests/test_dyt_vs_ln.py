@@ -36,9 +36,8 @@ def _runs(gpt_gap: float, fid_ratio: float, ln_shape: str) -> pd.DataFrame:
             rows += [(f"gpt/{norm}", seed, 600.0, "val/loss", loss + jitter),
                      (f"gpt/{norm}", seed, math.nan, "final/val_loss", loss + jitter),
                      (f"gpt/{norm}", seed, math.nan, "diverged", 0.0)]  # fmt: skip
-        for a0 in (0.25, 0.5, 1.0):  # DyT with the embedding scalar
-            rows += [(f"dyt/{a0:g}", seed, math.nan, "final/val_loss", 2.0 + gpt_gap + jitter),
-                     (f"dyt/{a0:g}", seed, math.nan, "diverged", 0.0)]  # fmt: skip
+        rows += [(d.RECIPE, seed, math.nan, "final/val_loss", 2.0 + gpt_gap + jitter),
+                 (d.RECIPE, seed, math.nan, "diverged", 0.0)]  # DyT, the LLaMA recipe  # fmt: skip
         for norm, fid in (("layernorm", 20.0), ("dyt", 20.0 * fid_ratio), ("rmsnorm", 21.0)):
             rows.append((f"dit/{norm}", seed, math.nan, "final/fid_lenet", fid * (1 + jitter)))
         for depth in range(9):  # 4 blocks x 2 norms + the final norm
@@ -57,13 +56,13 @@ def _verdicts(data: pd.DataFrame) -> dict[str, str]:
 
 def test_verdicts_hold_when_dyt_matches_and_ln_is_s_shaped():
     verdicts = _verdicts(_runs(gpt_gap=0.001, fid_ratio=1.01, ln_shape="s"))
-    assert len(verdicts) == 9  # 2 DyTs vs LN, vs RMSNorm; DiT; alpha0 0.25, 1; tanh; depth
+    assert len(verdicts) == 7  # 2 DyTs (drop-in, recipe) vs LN, vs RMSNorm; DiT; tanh; depth
     assert set(verdicts.values()) == {HOLDS}, verdicts
 
 
 def test_verdicts_fail_when_dyt_is_worse_and_ln_maps_are_lines():
     verdicts = _verdicts(_runs(gpt_gap=0.3, fid_ratio=1.5, ln_shape="line"))
-    matches = [v for c, v in verdicts.items() if "within" in c and "alpha0" not in c]
+    matches = [v for c, v in verdicts.items() if "within" in c]
     assert matches == [FAILS] * 5  # 2 GPT DyTs vs LN, vs RMSNorm; DiT
     tanh = [v for c, v in verdicts.items() if "tanh" in c or "S-shape" in c]
     assert tanh[0] == FAILS  # u ~ 0.95 per layer: not below 0.5
@@ -81,4 +80,25 @@ def test_a_users_norm_is_one_more_claim_against_layernorm():
 
 def test_render_draws_from_runs_csv_alone():
     result = d.render(_runs(gpt_gap=0.001, fid_ratio=1.0, ln_shape="s"))
-    assert len(result.claims) == 9 and result.figure.axes
+    assert len(result.claims) == 7 and result.figure.axes
+
+
+def test_a_drop_in_that_did_not_train_is_invalid_not_a_gap():
+    """The drop-in DyT at the unigram loss: its claims read 'invalid: ... did not train'."""
+    from normlab.analysis import gates
+
+    data = _runs(gpt_gap=1.3, fid_ratio=1.0, ln_shape="s")
+    unigram = 3.35
+    rows = []
+    for arm, final in (("gpt/dyt", 3.34), ("gpt/layernorm", 2.0), ("gpt/rmsnorm", 2.0)):
+        for seed in SEEDS:
+            rows += [(arm, seed, math.nan, "gate/trivial_loss", unigram),
+                     (arm, seed, 599.0, "gate/val_loss", final)]  # fmt: skip
+    data = pd.concat([data, pd.DataFrame(rows, columns=data.columns)], ignore_index=True)
+    result = d.render(data)
+    decided = dict(zip((c.claim for c in result.claims),
+                       gates.decide(result.claims, result.gates, 3, 12), strict=True))  # fmt: skip
+    drop_in = [v.verdict for c, v in decided.items() if c.startswith("GPT: DyT (drop-in)")]
+    assert drop_in == ["invalid: gpt/dyt did not train"] * 2
+    recipe = [v.verdict for c, v in decided.items() if c.startswith(f"GPT: {d.RECIPE_LABEL}")]
+    assert recipe and not any(v.startswith("invalid") for v in recipe)

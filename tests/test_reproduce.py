@@ -378,9 +378,11 @@ def test_estimate_is_the_committed_wall_time_over_the_parallel_jobs():
     assert REPRODUCTIONS["bn_lenet"].max_jobs is None  # --jobs 2 runs two at once
     total = walls.sum()
     assert script.estimate("bn_lenet") == (
-        f"about {total / 60:.0f} min ({len(walls)} jobs, from the committed run's wall times)"
+        f"about {script._hours(total)} ({len(walls)} jobs, from the committed run's wall times)"
     )
-    assert script.estimate("bn_lenet", 2).startswith(f"about {total / 120:.0f} min at --jobs 2 (")
+    half = script._hours(total / 2)
+    assert script.estimate("bn_lenet", 2).startswith(f"about {half} at --jobs 2 (")
+    assert script._hours(60 * 80) == "80 min" and script._hours(3600 * 1.6) == "1.6 h"
     listed = subprocess.run([*SCRIPT, "--list"], capture_output=True, text=True, check=True)
     assert f"    time (full): {script.estimate('bn_lenet')}\n" in listed.stdout
 

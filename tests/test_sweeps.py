@@ -82,7 +82,7 @@ def test_a_reproduction_goes_on_when_some_jobs_of_its_sweep_failed(tmp_path, mon
 
     unused = lambda *_: None  # noqa: E731  (the analysis is not reached)
     repro = sweep.Reproduction("r", "r", (sweep.Grid("", "bn_lenet"),), sweep.Budget((), ""),
-                               sweep.Budget((), ""), unused, unused, unused)  # fmt: skip
+                               sweep.Budget((), ""), unused, unused)  # fmt: skip
     for code, fine in ((0, True), (EXIT_JOBS_FAILED, True), (1, False)):
         done = subprocess.CompletedProcess([], code)
         monkeypatch.setattr(sweep.subprocess, "run", lambda *a, done=done, **k: done)

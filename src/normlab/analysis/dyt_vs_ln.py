@@ -233,7 +233,8 @@ def extract(runs: list[Run]) -> pd.DataFrame:
 
 def arms_of(data: pd.DataFrame, grid: str) -> list[str]:
     """The grid's norms present in runs.csv: the built-in ones in order, then the user's."""
-    found = {a.split("/", 1)[1] for a in data["arm"].unique() if a.startswith(grid + "/")}
+    found = {a.split("/", 1)[1] for a in data["arm"].unique()
+             if a.startswith(grid + "/") and a != RECIPE}  # fmt: skip
     return [n for n in NORMS if n in found] + sorted(found - set(NORMS))
 
 
