@@ -76,8 +76,11 @@ def pilot(data: pd.DataFrame) -> pd.DataFrame:
     rows = data[data["arm"].str.startswith(PILOT) & data["metric"].str.startswith("pilot/")]
     if rows.empty:
         return pd.DataFrame(columns=["arm", "epochs", "late_gain", "test_error", "train_loss"])
-    table = rows.pivot_table(index=["arm", "x"], columns="metric", values="value").reset_index()
+    table = rows.pivot_table(index=["arm", "x"], columns="metric", values="value", dropna=False)
     table.columns = [str(c).removeprefix("pilot/") for c in table.columns]
+    # a metric that is NaN in every job (too short a curve for the gate) keeps its column
+    columns = ["late_gain", "test_error", "train_loss"]
+    table = table.reindex(columns=columns).reset_index()
     return table.rename(columns={"x": "epochs"})
 
 
@@ -361,6 +364,7 @@ def _pilot_section(data: pd.DataFrame) -> str:
         return "Not in runs.csv."
     rows = [
         (r.arm.removeprefix(PILOT).upper(), f"{r.epochs:g}", f"{r.late_gain:+.1%}",
+         "not measured" if math.isnan(r.late_gain) else
          "pass" if r.late_gain < gates.CONVERGED_GAIN else "FAIL: still improving",
          f"{r.train_loss:.3f}", f"{r.test_error:.2f}")
         for r in table.itertuples()
