@@ -390,8 +390,13 @@ def test_estimate_is_the_committed_wall_time_over_the_parallel_jobs():
 @pytest.mark.slow
 def test_ctrl_c_stops_cleanly_and_the_next_invocation_continues(tmp_path: Path):
     cmd = [*SCRIPT, "ln_rnn", "--quick", "--root", str(tmp_path)]
+
+    # as from a terminal: SIGINT not ignored (a test run in the background inherits SIG_IGN)
+    def terminal() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)  # fmt: skip
+                            text=True, start_new_session=True, preexec_fn=terminal)  # fmt: skip
     summaries = tmp_path / "outputs" / "reproduce"
     deadline = time.time() + 600
     while "ok" not in "".join(p.read_text() for p in summaries.rglob("summary.csv")):

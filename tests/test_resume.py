@@ -51,6 +51,8 @@ class KillAt(pl.Callback):
         if trainer.sanity_checking or self.epoch not in (None, trainer.current_epoch):
             return
         if self.batch in (None, batch_idx):
+            if self.sig == signal.SIGINT:  # as in a terminal (a background job may ignore it)
+                signal.signal(signal.SIGINT, signal.default_int_handler)
             os.kill(os.getpid(), self.sig)
 
 
