@@ -190,7 +190,15 @@ def _claims(data: pd.DataFrame, net: str) -> list[Claim]:
     return claims + _end_claims(data, net, label, arms, bn_acc, plain_acc, seeds)
 
 
-def _end_claims(data, net, label, arms, bn_acc, plain_acc, seeds) -> list[Claim]:  # noqa: ANN001
+def _end_claims(
+    data: pd.DataFrame,
+    net: str,
+    label: str,
+    arms: tuple[str, str],
+    bn_acc: dict[int, pd.Series],
+    plain_acc: dict[int, pd.Series],
+    seeds: list[int],
+) -> list[Claim]:
     """The area under the curves, the final test accuracy and the drift of the inputs."""
     claims = []
     claims.append(

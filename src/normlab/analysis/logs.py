@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import pandas as pd
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from normlab.config import register_resolvers
 from normlab.summary import FIRST_COLUMNS, read_summary
@@ -71,12 +72,19 @@ class Run:
     def setting(self, key: str, default: object = None) -> object:
         """A key of the job's composed config (<run dir>/.hydra/config.yaml), resolved in it;
         default when the file or the key is missing."""
+        if self._config is None:
+            return default
+        value = OmegaConf.select(self._config, key, default=default)
+        return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+    @cached_property
+    def _config(self) -> DictConfig | None:
+        """The job's composed config, read once (None when the run dir holds none)."""
         path = self.run_dir / ".hydra" / "config.yaml"
         if not path.is_file():
-            return default
+            return None
         register_resolvers()
-        value = OmegaConf.select(OmegaConf.load(path), key, default=default)
-        return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+        return OmegaConf.load(path)  # type: ignore[return-value]
 
     @property
     def arm(self) -> str:

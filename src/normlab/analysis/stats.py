@@ -131,43 +131,46 @@ def _side_distance(mean: float, region: tuple[float, float]) -> float:
     return min(abs(mean - b) for b in (lo, hi) if math.isfinite(b))
 
 
+def _on_scale(
+    values: Sequence[float], region: tuple[float, float], log: bool
+) -> tuple[np.ndarray, tuple[float, float]]:
+    """The values and the region on the scale the interval is taken on (log for a ratio)."""
+    x = np.asarray(list(values), dtype=float)
+    if not log:
+        return x, region
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x = np.log(x)
+    lo, hi = (math.log(b) if b > 0 else -math.inf for b in region)
+    return x, (lo, hi)
+
+
 def seeds_needed(
     values: Sequence[float], region: tuple[float, float], log: bool = False, limit: int = 10_000
 ) -> int | None:
     """The smallest n whose 95% t-interval, at the observed mean and SD of `values`, clears the
     bound nearest the mean: n with t(0.975, n-1) * sd / sqrt(n) < distance. None when fewer than
     2 finite values, or when no n up to `limit` does (the mean sits on a bound)."""
-    x = np.asarray(list(values), dtype=float)
-    if log:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            x = np.log(x)
-        region = tuple(math.log(b) if b > 0 else -math.inf for b in region)  # type: ignore
+    x, region = _on_scale(values, region, log)
     if len(x) < 2 or not np.all(np.isfinite(x)):
         return None
     distance, sd = _side_distance(float(x.mean()), region), float(x.std(ddof=1))
     if sd == 0.0:
         return len(x) if distance > 0 else None
-    for n in range(2, limit + 1):
-        if float(scipy_stats.t.ppf(0.5 + LEVEL / 2, n - 1)) * sd / math.sqrt(n) < distance:
-            return n
-    return None
+    n = np.arange(2, limit + 1)
+    clears = scipy_stats.t.ppf(0.5 + LEVEL / 2, n - 1) * sd / np.sqrt(n) < distance
+    return int(n[clears.argmax()]) if clears.any() else None
 
 
 def p_value(values: Sequence[float], region: tuple[float, float], log: bool = False) -> float:
     """Two-sided p-value of the verdict: 2 x the one-sided p of the side the mean lies on (inside
     the region: the larger of the two one-sided t-tests against its finite bounds, as TOST does;
     outside: the t-test against the nearer bound). p < 0.05 exactly when the 95% CI decides."""
-    x = np.asarray(list(values), dtype=float)
-    if log:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            x = np.log(x)
-        region = tuple(math.log(b) if b > 0 else -math.inf for b in region)  # type: ignore
+    x, (lo, hi) = _on_scale(values, region, log)
     if len(x) < 2 or not np.all(np.isfinite(x)):
         return math.nan
     n, mean, sd = len(x), float(x.mean()), float(x.std(ddof=1))
-    lo, hi = region
-    if sd == 0.0:
-        return 0.0 if lo < mean < hi or mean < lo or mean > hi else 1.0
+    if sd == 0.0:  # no spread: decided unless the mean sits on a bound
+        return 1.0 if mean in (lo, hi) else 0.0
     se = sd / math.sqrt(n)
     t = scipy_stats.t(n - 1)
     if lo <= mean <= hi:  # toward holding: both finite bounds cleared
