@@ -1,4 +1,4 @@
-"""What every normlab norm shares: the error type, argument checks, `impl` dispatch, affine.
+"""What every normlab norm shares: the error type, argument checks, `impl` binding, affine.
 
 The `impl` contract, the same for every family (`Norm.impls` lists a family's):
 - `reference`: autograd through the formula, written as the paper writes it; no speed target.
@@ -118,8 +118,9 @@ def channel_view(t: torch.Tensor, ndim: int) -> torch.Tensor:
 
 
 class Norm(nn.Module):
-    """Base of every normlab norm: checks `impl` and the layout, dispatches forward, owns the
-    affine; holds the defaults of the traits a family declares (read by `norm_traits`)."""
+    """Base of every normlab norm: checks `impl` and the layout, binds the impl's method once
+    (`_fast`, `_reference`, `_manual`: forward calls it on an input in the family's own
+    layout), owns the affine; holds the defaults of the traits a family declares (read by `norm_traits`)."""
 
     family: ClassVar[str] = "norm"
     impls: ClassVar[tuple[str, ...]] = ("fast", "reference")
@@ -154,18 +155,15 @@ class Norm(nn.Module):
             )
         self.impl = impl
         self.channel_dim = channel_dim
+        # picked once here, called by forward: one frame between forward and torch's kernel
+        self._impl_forward = getattr(self, f"_{impl}")
+        self._moves_channels = channel_dim == -1 and self.natural_channel_dim == 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.channel_dim == -1 and self.natural_channel_dim == 1:
-            return self._natural_forward(x.movedim(-1, 1)).movedim(1, -1)
-        return self._natural_forward(x)
-
-    def _natural_forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Forward on an input in the family's own layout."""
+        x = x.movedim(-1, 1) if self._moves_channels else x  # (..., D): D as the channels
         self._check_input(x)
-        if self.impl == "fast":
-            return self._fast(x)
-        return self._manual(x) if self.impl == "manual" else self._reference(x)
+        y = self._impl_forward(x)
+        return y.movedim(1, -1) if self._moves_channels else y
 
     def _check_input(self, x: torch.Tensor) -> None:
         """Raise NormConfigError if this norm cannot normalise `x`."""

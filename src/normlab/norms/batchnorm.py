@@ -179,10 +179,9 @@ class BatchNorm(RunningStatsNorm):
             return False
         return x.shape[:1] != (self.ghost_batch,)  # N == ghost_batch is plain BN
 
-    def _natural_forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _reference(self, x: torch.Tensor) -> torch.Tensor:
         if not self._ghosting(x):
-            return super()._natural_forward(x)
-        self._check_input(x)
+            return super()._reference(x)
         factor = self._momentum_for_step()
         y, mean, var_unbiased = self._normalize_ghost_batches(x)
         if self._updates_running_stats():
@@ -212,17 +211,17 @@ class BatchNorm(RunningStatsNorm):
             y = y + channel_view(self.bias, x.dim())
         return y.flatten(0, 1).to(x.dtype), mean, var * (n / (n - 1))
 
-    def _fast(self, x: torch.Tensor, factor: float) -> torch.Tensor:
+    def _fast(self, x: torch.Tensor) -> torch.Tensor:
+        """torch's F.batch_norm; ghost batches, sync and an empty input take `_reference`."""
+        if self._ghosting(x) or self._syncing() or x.numel() == 0:
+            return self._reference(x)
+        factor = self._momentum_for_step()
         track = not self.training or self.track_running_stats
-        return self._kernel(
-            F.batch_norm,
-            x,
-            self.running_mean if track else None,
-            self.running_var if track else None,
-            self._use_batch_stats(),
-            factor,
-            self.eps,
-        )
+        running = (self.running_mean, self.running_var) if track else (None, None)
+        mean, var, weight, bias = self._kernel_args(x, *running)
+        y = F.batch_norm(x, mean, var, weight, bias, self._use_batch_stats(), factor, self.eps)
+        self._keep_running_stats(mean, var)
+        return y
 
     def _normalize_with_batch_stats(
         self, x: torch.Tensor

@@ -109,8 +109,8 @@ class BatchRenorm(RunningStatsNorm):
             progress = (t >= self.warmup_steps).float()
         return 1.0 + (self.r_max - 1.0) * progress, self.d_max * progress
 
-    def _natural_forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = super()._natural_forward(x)  # reads the schedule at renorm_steps
+    def _reference(self, x: torch.Tensor) -> torch.Tensor:
+        y = super()._reference(x)  # reads the schedule at renorm_steps
         if self.training:
             self.renorm_steps.add_(1)
         return y
@@ -125,15 +125,17 @@ class BatchRenorm(RunningStatsNorm):
         d = torch.clamp((mean - self.running_mean.to(mean.dtype)) / sigma, -d_max, d_max)
         return r, d
 
-    def _fast(self, x: torch.Tensor, factor: float) -> torch.Tensor:
+    def _fast(self, x: torch.Tensor) -> torch.Tensor:
         """torch's kernel. Training: batch statistics with weight gamma * r and bias
         gamma * d + beta (r, d constants to it), the running statistics updated by the kernel as
         BatchNorm's are; a half x in the kernel's mixed-type form, float32 weight, bias and
-        statistics. Eval: the running statistics, as BatchNorm."""
+        statistics. Eval: the running statistics, as BatchNorm. An empty input: `_reference`."""
+        if x.numel() == 0:
+            return self._reference(x)
+        factor = self._momentum_for_step()
         if not self.training:
-            return self._kernel(
-                F.batch_norm, x, self.running_mean, self.running_var, False, 0.0, self.eps
-            )
+            mean, var, weight, bias = self._kernel_args(x, self.running_mean, self.running_var)
+            return F.batch_norm(x, mean, var, weight, bias, False, 0.0, self.eps)
         acc = stats_dtype(x.dtype)
         with torch.no_grad():
             var, mean = torch.var_mean(x.to(acc), self._reduce_dims(x), correction=0)
@@ -145,10 +147,8 @@ class BatchRenorm(RunningStatsNorm):
             shift = shift + self.bias.to(acc)
         running_mean, running_var = self.running_mean.to(acc), self.running_var.to(acc)
         y = F.batch_norm(x, running_mean, running_var, scale, shift, True, factor, self.eps)
-        if running_mean is not self.running_mean:  # a copy (half buffers): store the update
-            with torch.no_grad():
-                self.running_mean.copy_(running_mean)
-                self.running_var.copy_(running_var)
+        self._keep_running_stats(running_mean, running_var)  # half buffers: the update
+        self.renorm_steps.add_(1)
         return y
 
     def _normalize_with_batch_stats(

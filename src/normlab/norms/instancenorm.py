@@ -72,16 +72,15 @@ class InstanceNorm(RunningStatsNorm):
     def _reduce_dims(self, x: torch.Tensor) -> tuple[int, ...]:
         return tuple(range(2, x.dim()))
 
-    def _fast(self, x: torch.Tensor, factor: float) -> torch.Tensor:
-        return self._kernel(
-            F.instance_norm,
-            x,
-            self.running_mean,
-            self.running_var,
-            self._use_batch_stats(),
-            factor,
-            self.eps,
-        )
+    def _fast(self, x: torch.Tensor) -> torch.Tensor:
+        """torch's F.instance_norm; an empty input takes `_reference`."""
+        if x.numel() == 0:
+            return self._reference(x)
+        factor = self._momentum_for_step()
+        mean, var, weight, bias = self._kernel_args(x, self.running_mean, self.running_var)
+        y = F.instance_norm(x, mean, var, weight, bias, self._use_batch_stats(), factor, self.eps)
+        self._keep_running_stats(mean, var)
+        return y
 
     def _normalize_with_batch_stats(
         self, x: torch.Tensor

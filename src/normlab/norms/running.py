@@ -110,15 +110,14 @@ class RunningStatsNorm(Norm):
 
     # ---------------------------------------------------------------- forward
 
-    def _natural_forward(self, x: torch.Tensor) -> torch.Tensor:
-        self._check_input(x)
+    def _reference(self, x: torch.Tensor) -> torch.Tensor:
+        """The formula (the families' `_normalize_with_batch_stats`), and every case a fast
+        kernel leaves to it: an empty input, statistics synchronised across processes."""
         factor = self._momentum_for_step()
         if x.numel() == 0 and not self._syncing():
             # as torch's BatchNorm: an empty output (zero parameter gradients), the step counted
             # in num_batches_tracked, the running statistics unchanged (no values to update with)
             return self._normalize(x, x.new_zeros(()), x.new_ones(()))
-        if self.impl == "fast" and not self._syncing():
-            return self._fast(x, factor)
         if not self._use_batch_stats():
             mean = channel_view(self.running_mean, x.dim())
             var = channel_view(self.running_var, x.dim())
@@ -128,44 +127,41 @@ class RunningStatsNorm(Norm):
             self._update_running_stats(mean, var_unbiased, factor)
         return y
 
+    def _manual(self, x: torch.Tensor) -> torch.Tensor:
+        return self._reference(x)  # the family's `_normalize_with_batch_stats` reads impl
+
     def _syncing(self) -> bool:
         """Whether statistics are synchronised across processes in this call."""
         return False
 
-    def _fast(self, x: torch.Tensor, factor: float) -> torch.Tensor:
-        raise NotImplementedError
+    def _kernel_args(
+        self, x: torch.Tensor, running_mean: torch.Tensor | None, running_var: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, ...]:
+        """(running_mean, running_var, weight, bias) to hand torch's F.batch_norm or
+        F.instance_norm for input x; `_keep_running_stats` after the call.
 
-    def _kernel(
-        self,
-        fn,
-        x: torch.Tensor,
-        running_mean: torch.Tensor | None,
-        running_var: torch.Tensor | None,
-        *args: object,
-    ) -> torch.Tensor:
-        """fn(x, running_mean, running_var, weight, bias, *args) for torch's F.batch_norm or
-        F.instance_norm.
-
-        A float16/bfloat16 x is passed in the kernels' mixed-type form, float32 weight, bias
-        and running statistics (ones and zeros when there is no affine; float32 copies of half
-        running statistics, copied back after the update): that form keeps the batch mean and
-        invstd in float32, while with half or no parameters torch rounds them to half (at
-        mean / std = 20, ~6 float16 ulps of every output).
+        A float16/bfloat16 x gets the kernels' mixed-type form, float32 weight, bias and
+        running statistics (ones and zeros when there is no affine; float32 copies of half
+        running statistics): that form keeps the batch mean and invstd in float32, while with
+        half or no parameters torch rounds them to half (at mean / std = 20, ~6 float16 ulps of
+        every output).
         """
-        if stats_dtype(x.dtype) == x.dtype:
-            return fn(x, running_mean, running_var, self.weight, self.bias, *args)
         acc = stats_dtype(x.dtype)
+        if acc == x.dtype:
+            return running_mean, running_var, self.weight, self.bias
         shape = (self.num_features,)
         weight = x.new_ones(shape, dtype=acc) if self.weight is None else self.weight.to(acc)
         bias = x.new_zeros(shape, dtype=acc) if self.bias is None else self.bias.to(acc)
         mean = None if running_mean is None else running_mean.to(acc)
         var = None if running_var is None else running_var.to(acc)
-        y = fn(x, mean, var, weight, bias, *args)
-        if mean is not running_mean and self._updates_running_stats():  # half: store the update
-            with torch.no_grad():
-                running_mean.copy_(mean)
-                running_var.copy_(var)
-        return y
+        return mean, var, weight, bias
+
+    @torch.no_grad()
+    def _keep_running_stats(self, mean: torch.Tensor | None, var: torch.Tensor | None) -> None:
+        """Store the kernel's update of float32 copies (`_kernel_args`) in half running stats."""
+        if mean is not None and mean is not self.running_mean and self._updates_running_stats():
+            self.running_mean.copy_(mean)
+            self.running_var.copy_(var)
 
     def _normalize(self, x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
         """y = (x - mean) / sqrt(var + eps) * weight + bias, weight and bias per channel.
