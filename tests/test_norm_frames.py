@@ -49,9 +49,11 @@ CASES = [  # name, keywords, input shape, torch's kernel, normlab frames at most
     ("instancenorm", {}, (8, 4, 5, 5), "F.instance_norm", 3),
 ]
 
+NAMES = [case[0] for case in CASES]
+
 
 @pytest.mark.parametrize("training", [True, False])
-@pytest.mark.parametrize(("name", "kw", "shape", "kernel", "most"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(("name", "kw", "shape", "kernel", "most"), CASES, ids=NAMES)
 def test_forward_reaches_the_kernel_in_at_most_two_normlab_frames(
     name, kw, shape, kernel, most, training
 ):

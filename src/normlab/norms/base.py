@@ -120,7 +120,8 @@ def channel_view(t: torch.Tensor, ndim: int) -> torch.Tensor:
 class Norm(nn.Module):
     """Base of every normlab norm: checks `impl` and the layout, binds the impl's method once
     (`_fast`, `_reference`, `_manual`: forward calls it on an input in the family's own
-    layout), owns the affine; holds the defaults of the traits a family declares (read by `norm_traits`)."""
+    layout), owns the affine; holds the defaults of the traits a family declares (read by
+    `norm_traits`)."""
 
     family: ClassVar[str] = "norm"
     impls: ClassVar[tuple[str, ...]] = ("fast", "reference")
