@@ -10,6 +10,7 @@ Register it with `register_norm` and list this module in `plugins`; from the rep
 
     python train.py plugins=[examples.my_norm] norm=custom norm.name=meanonly
 
+or, unregistered, by its class path: norm=custom norm.name=examples.my_norm.MeanOnlyLayerNorm
 (from elsewhere, put this file's dir on PYTHONPATH and write plugins=[my_norm]). The class
 attributes below are its traits (normlab.norms.norm_traits): what the models check before they
 build it. A plain nn.Module works; a normlab `Norm` subclass would inherit their defaults.

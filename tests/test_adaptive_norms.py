@@ -6,14 +6,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from normlab.norms import NormConfigError
+from normlab.norms import NormConfigError, norm_partial
 from normlab.norms.adaptive import (
     AdaLN,
     AdaLNZero,
     FiLM,
     ScaleShiftNorm,
     modulate,
-    plain_norm,
 )
 
 B, T, D, C = 3, 5, 8, 6
@@ -43,8 +42,8 @@ def test_modulate_tokens_and_channels():
 
 @pytest.mark.parametrize("name", ["layernorm", "rmsnorm", "groupnorm"])
 def test_base_norm_has_no_affine(name):
-    cfg = {"name": name, "num_groups": 2} if name == "groupnorm" else {"name": name}
-    norm = plain_norm(cfg, D)
+    kwargs = {"num_groups": 2} if name == "groupnorm" else {}
+    norm = AdaLN(D, 4, norm_partial(name, **kwargs)).norm  # the regressed shift/scale replace it
     assert sum(p.numel() for p in norm.parameters()) == 0
     assert norm.weight is None and norm.bias is None
 
@@ -62,7 +61,7 @@ def test_adaln_is_layernorm_then_regressed_shift_scale():
 
 
 def test_adaln_with_rmsnorm_base():
-    layer = AdaLN(D, 4, norm={"name": "rmsnorm", "eps": 1e-6})
+    layer = AdaLN(D, 4, norm=norm_partial("rmsnorm", eps=1e-6))
     randomize(layer)
     x, c = torch.randn(B, T, D), torch.randn(B, 4)
     shift, scale = regress(layer, c)
@@ -70,7 +69,7 @@ def test_adaln_with_rmsnorm_base():
     torch.testing.assert_close(layer(x, c), (x / rms) * (1 + scale[:, None]) + shift[:, None])
 
 
-def test_adaln_zero_starts_as_plain_norm_with_closed_gate():
+def test_adaln_zero_starts_as_its_base_norm_with_closed_gate():
     layer = AdaLNZero(D, 4)
     x, c = torch.randn(B, T, D), torch.randn(B, 4)
     h, gate = layer(x, c)

@@ -76,7 +76,7 @@ TINY_LM = [
     "model.net.depth=1",
     "model.net.ctx=16",
 ]
-LAYERNORM = {"name": "layernorm", "eps": 1e-5, "elementwise_affine": True, "bias": True}
+LAYERNORM = {"_target_": "normlab.norms.LayerNorm", "_partial_": True, "eps": 1e-5}
 
 
 def _with_timer(compose, run_dir: Path, norm: str = "rmsnorm") -> DictConfig:
@@ -89,7 +89,7 @@ def _with_timer(compose, run_dir: Path, norm: str = "rmsnorm") -> DictConfig:
             "_recursive_": False,
             "model": "${model}",
             "baseline_norm": LAYERNORM,
-            "norm_key": "net.norm",
+            "norm_key": "net.norm_layer",
             "seed": "${seed}",
             "warmup": 3,
         }
@@ -110,8 +110,8 @@ def _weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def test_paired_twins_start_as_fresh_models_of_their_configs(compose, tmp_path):
     timer = instantiate(_with_timer(compose, tmp_path).callbacks.paired_step_time)
-    assert timer.config("baseline").net.norm.name == "layernorm"
-    assert timer.config("model").net.norm.name == "rmsnorm"
+    assert timer.config("baseline").net.norm_layer._target_ == "normlab.norms.LayerNorm"
+    assert timer.config("model").net.norm_layer._target_ == "normlab.norms.RMSNorm"
     rng = torch.get_rng_state()
     run_model = SimpleNamespace(device=torch.device("cpu"))
     timer.on_train_start(SimpleNamespace(estimated_stepping_batches=8), run_model)

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from normlab.models.dit import DiT
+from normlab.norms import norm_partial
 from normlab.tasks.diffusion import DiffusionTask
 
-LN = {"name": "layernorm", "eps": 1e-5, "elementwise_affine": True, "bias": True, "impl": "fast"}
+LN = norm_partial("layernorm", eps=1e-5, elementwise_affine=True, bias=True, impl="fast")
 OPTIM = {"optimizer": lambda params: torch.optim.AdamW(params, lr=1e-3)}
 
 

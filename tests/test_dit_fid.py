@@ -19,8 +19,9 @@ from normlab.errors import ConfigError
 
 LENET = {
     "_target_": "normlab.models.lenet.LeNet",
-    "norm": {"name": "batchnorm", "eps": 1e-5, "momentum": 0.1, "affine": True,
-             "track_running_stats": True, "sync": False, "impl": "fast"},
+    "norm_layer": {"_target_": "normlab.norms.BatchNorm", "_partial_": True, "eps": 1e-5,
+                   "momentum": 0.1, "affine": True, "track_running_stats": True, "sync": False,
+                   "impl": "fast"},
     "activation": "relu",
 }  # fmt: skip
 

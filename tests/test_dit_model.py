@@ -10,9 +10,9 @@ from conftest import REPO
 from omegaconf import OmegaConf
 
 from normlab.models.dit import CONDITIONINGS, DiT
-from normlab.norms import NormConfigError
+from normlab.norms import NormConfigError, norm_partial
 
-LN = {"name": "layernorm", "eps": 1e-5, "elementwise_affine": True, "bias": True, "impl": "fast"}
+LN = norm_partial("layernorm", eps=1e-5, elementwise_affine=True, bias=True, impl="fast")
 TINY = {"hidden_size": 32, "depth": 2, "num_heads": 4, "patch_size": 4}
 B = 8
 SIZES = REPO / "conf" / "size" / "dit"  # the named shapes: size=dit/<name>
@@ -213,7 +213,7 @@ def test_size_presets_are_consistent_and_tiny_is_the_default():
 
 
 def test_rmsnorm_base():
-    net = DiT({"name": "rmsnorm", "eps": None}, **TINY)
+    net = DiT(norm_partial("rmsnorm", eps=None), **TINY)
     assert net(*batch()).shape == (B, 1, 28, 28)
 
 
@@ -225,7 +225,7 @@ def test_bad_configs_fail_with_the_reason():
     with pytest.raises(ValueError, match="^patch_size=8 does not divide input_size=28$"):
         DiT(LN, **{**TINY, "patch_size": 8})
     with pytest.raises(NormConfigError, match="batchnorm"):
-        DiT({"name": "batchnorm"}, **TINY)
+        DiT(norm_partial("batchnorm"), **TINY)
 
 
 def built_norms(net):
@@ -238,18 +238,18 @@ def test_every_norm_has_dits_eps_by_default(conditioning):
     norms = built_norms(tiny_dit(conditioning))  # LN's eps is 1e-5
     assert len(norms) >= 2 * 2 + 1
     assert all(m.eps == 1e-6 for m in norms)
-    rms = DiT({"name": "rmsnorm", "eps": None}, conditioning=conditioning, **TINY)
+    rms = DiT(norm_partial("rmsnorm", eps=None), conditioning=conditioning, **TINY)
     assert all(m.eps == 1e-6 for m in built_norms(rms))
 
 
 def test_norm_eps_null_keeps_the_norm_configs_eps():
     assert all(m.eps == 1e-5 for m in built_norms(tiny_dit(norm_eps=None)))
-    rms = DiT({"name": "rmsnorm", "eps": None}, norm_eps=None, **TINY)
+    rms = DiT(norm_partial("rmsnorm", eps=None), norm_eps=None, **TINY)
     assert all(m.eps is None for m in built_norms(rms))
 
 
 def test_norm_eps_skips_a_norm_without_eps():
-    net = DiT({"name": "none"}, **TINY)  # `none` takes no eps: nothing to set
+    net = DiT(norm_partial("none"), **TINY)  # `none` takes no eps: nothing to set
     assert built_norms(net) == [] and net(*batch()).shape == (B, 1, 28, 28)
 
 

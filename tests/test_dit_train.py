@@ -15,8 +15,8 @@ import torch
 from normlab import fid
 
 REPO = Path(__file__).resolve().parents[1]
-LENET = {"_target_": "normlab.models.lenet.LeNet", "norm": {"name": "batchnorm"},
-         "activation": "relu"}  # fmt: skip
+LENET = {"_target_": "normlab.models.lenet.LeNet", "activation": "relu",
+         "norm_layer": {"_target_": "normlab.norms.BatchNorm", "_partial_": True}}  # fmt: skip
 TINY_DIT = [
     "batch=16",
     "trainer.max_epochs=1",
@@ -98,7 +98,12 @@ def test_conditioning_sweep_lists_the_four_conditionings():
     assert deep.model.net.depth == 8 and deep.callbacks.fid == fid  # the same scoring
     assert deep.trainer.max_epochs * deep.trainer.limit_train_batches == 2400
     for conditioning in swept:
-        net_cfg = {**cfg.model.net, "conditioning": conditioning, "depth": 1, "norm": cfg.norm}
+        net_cfg = {
+            **cfg.model.net,
+            "conditioning": conditioning,
+            "depth": 1,
+            "norm_layer": cfg.norm,
+        }
         net = instantiate(net_cfg)
         out = net(torch.randn(2, 1, 28, 28), torch.tensor([0, 999]), torch.tensor([0, 9]))
         assert out.shape == (2, 1, 28, 28)

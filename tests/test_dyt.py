@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from hydra.utils import instantiate
@@ -9,7 +11,7 @@ from torch.func import functional_call
 
 from normlab.models.dit import DiT
 from normlab.models.transformer import GPT
-from normlab.norms import DyT, DyTFunction, NormConfigError, create_norm, norm_keywords
+from normlab.norms import DyT, DyTFunction, NormConfigError, create_norm, norm_partial
 from normlab.norms.adaptive import AdaLN, AdaLNZero
 from normlab.norms.residual import available_placements
 
@@ -158,7 +160,14 @@ def test_create_norm_names_and_alpha0():
         norm.alpha.fill_(3.0)
     norm.reset_parameters()
     assert norm.alpha.item() == pytest.approx(0.8)  # back to alpha0
-    assert norm_keywords("dyt") == ["alpha0", "elementwise_affine", "bias", "impl"]
+    assert list(inspect.signature(DyT).parameters) == [
+        "num_features",
+        "alpha0",
+        "elementwise_affine",
+        "bias",
+        "impl",
+        "channel_dim",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -186,7 +195,7 @@ def test_wrong_feature_size_fails_clearly():
 
 # ------------------------------------------------------------------------------ the models
 
-DYT = {"name": "dyt", "alpha0": 0.5, "elementwise_affine": True, "bias": True, "impl": "fast"}
+DYT = norm_partial("dyt", alpha0=0.5, elementwise_affine=True, bias=True, impl="fast")
 # DyT layers of a GPT per block (and the final norm), by placement
 DYT_PER_BLOCK = {"post": (2, 0), "pre": (2, 1), "deepnorm": (2, 0), "sandwich": (4, 1)}
 
@@ -237,7 +246,11 @@ def test_dit_adaln_over_dyt_keeps_alpha_and_drops_the_affine(conditioning, cls):
 
 def test_compose_norm_dyt_with_the_transformer(compose, tmp_path):
     cfg = compose(["model=transformer", "norm=dyt", "placement=post", "norm.alpha0=0.8"], tmp_path)
-    assert cfg.norm.name == "dyt" and cfg.norm.alpha0 == 0.8 and cfg.norm.impl == "fast"
+    assert (
+        cfg.norm._target_ == "normlab.norms.DyT"
+        and cfg.norm.alpha0 == 0.8
+        and cfg.norm.impl == "fast"
+    )
     net = instantiate(cfg.model).net
     norms = [m for m in net.modules() if isinstance(m, DyT)]
     assert len(norms) == 2 * len(net.blocks)

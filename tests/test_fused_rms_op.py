@@ -11,7 +11,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
 from normlab.models.transformer import GPT
-from normlab.norms import _fused_rms, create_norm, rmsnorm
+from normlab.norms import _fused_rms, create_norm, norm_partial, rmsnorm
 from normlab.norms._fused_rms import fused_rms_norm
 from normlab.norms.rmsnorm import fast_kernel
 
@@ -105,7 +105,7 @@ def test_torch_kernel_choice_calls_f_rms_norm(monkeypatch):
 def _tiny_gpt() -> GPT:
     torch.manual_seed(0)
     placement = {"name": "pre", "arch": "decoder"}
-    return GPT(65, placement, {"name": "rmsnorm"}, depth=2, d_model=32, n_heads=2, ctx=16)
+    return GPT(65, placement, norm_partial("rmsnorm"), depth=2, d_model=32, n_heads=2, ctx=16)
 
 
 def _ops(graphs: list[torch.fx.GraphModule], op) -> int:

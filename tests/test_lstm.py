@@ -15,12 +15,19 @@ from test_norm_stats import hooked_layers
 from test_train import metrics_rows
 
 from normlab.models.lstm import LSTMLM, LSTMLayer
-from normlab.norms import Norm, NormConfigError, available_norms, norm_traits, norms_with
+from normlab.norms import (
+    Norm,
+    NormConfigError,
+    available_norms,
+    norm_partial,
+    norm_traits,
+    norms_with,
+)
 
 DATA_ROOT = Path(os.environ["NORMLAB_DATA"])
-LAYERNORM = {"name": "layernorm", "eps": 1e-5, "elementwise_affine": True, "bias": True}
-RMSNORM = {"name": "rmsnorm", "eps": 1e-6, "elementwise_affine": True}
-NONE = {"name": "none"}
+LAYERNORM = norm_partial("layernorm", eps=1e-5, elementwise_affine=True, bias=True)
+RMSNORM = norm_partial("rmsnorm", eps=1e-6, elementwise_affine=True)
+NONE = norm_partial("none")
 
 
 def lstm(norm=LAYERNORM, seed: int = 0, **kw) -> LSTMLM:
@@ -209,7 +216,7 @@ def test_bad_sizes_are_named():
     with pytest.raises(ValueError, match=r"^dropout must be in \[0, 1\), got 1$"):
         lstm(dropout=1)
     with pytest.raises(NormConfigError, match="layers.0.norm_x .*eps must be a finite number"):
-        lstm({"name": "layernorm", "eps": 0})
+        lstm(norm_partial("layernorm", eps=0))
 
 
 # --------------------------------------------------------------------------------------------
@@ -224,7 +231,10 @@ def test_model_lstm_config_builds_the_lstm_on_shakespeare(compose, tmp_path):
     from hydra.utils import instantiate
 
     cfg = compose(["model=lstm"], tmp_path)
-    assert cfg.data._target_.endswith("ShakespeareDataModule") and cfg.norm.name == "layernorm"
+    assert (
+        cfg.data._target_.endswith("ShakespeareDataModule")
+        and cfg.norm._target_ == "normlab.norms.LayerNorm"
+    )
     task = instantiate(cfg.model)
     net = task.net
     assert isinstance(net, LSTMLM) and (net.hidden_size, net.num_layers, net.ctx) == (256, 2, 64)

@@ -7,8 +7,9 @@ import torch
 from torch import nn
 
 from normlab.models.lenet import LeNet
+from normlab.norms import norm_partial
 
-BN = {"name": "batchnorm"}
+BN = norm_partial("batchnorm")
 
 
 def pools(net):

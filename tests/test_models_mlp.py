@@ -15,10 +15,10 @@ from normlab.callbacks.norm_stats import NormStats
 from normlab.errors import ConfigError
 from normlab.models.lenet import LeNet
 from normlab.models.mlp import MLP
-from normlab.norms import BatchNorm, NoNorm
+from normlab.norms import BatchNorm, NoNorm, norm_partial
 from normlab.run import train
 
-BN = {"name": "batchnorm"}
+BN = norm_partial("batchnorm")
 MLP_NAMES = [
     *(f"{kind}{i}" for i in (1, 2, 3) for kind in ("fc", "norm", "act")),
     "out",
@@ -54,7 +54,7 @@ def test_mlp_norms_come_from_the_registry():
         assert norm.num_features == 100
         assert isinstance(net.layers.get_submodule(f"fc{i}"), nn.Linear)
     assert net.layers.out.out_features == 10
-    net = MLP({"name": "none"})
+    net = MLP(norm_partial("none"))
     assert all(isinstance(net.layers.get_submodule(f"norm{i}"), NoNorm) for i in (1, 2, 3))
     x = torch.randn(4, 784)
     assert torch.equal(net.layers.norm1(x), x)
@@ -71,9 +71,9 @@ def test_mlp_hidden_widths():
 
 def test_mlp_instancenorm_fails_naming_the_layer():
     with pytest.raises(ConfigError, match=r"layers\.norm1 .*no spatial extent"):
-        MLP({"name": "instancenorm"})
+        MLP(norm_partial("instancenorm"))
     with pytest.raises(ConfigError, match=r"layers\.norm1"):
-        MLP({"name": "in"})  # an alias too
+        MLP(norm_partial("in"))  # an alias too
 
 
 def test_mlp_unknown_activation():
@@ -105,7 +105,7 @@ def test_lenet_default_channels_unchanged():
 
 
 def test_lenet_groupnorm_4_groups_needs_wider_convs():
-    gn = {"name": "groupnorm", "num_groups": 4}
+    gn = norm_partial("groupnorm", num_groups=4)
     net = LeNet(gn, channels=[16, 32])
     assert net(torch.randn(2, 1, 28, 28)).shape == (2, 10)
     with pytest.raises(ConfigError, match=r"features\.norm1"):

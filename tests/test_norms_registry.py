@@ -3,8 +3,14 @@ NormConfigError case."""
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import pytest
 import torch
+from conftest import REPO
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
 from torch import nn
 
 from normlab.norms import (
@@ -17,9 +23,11 @@ from normlab.norms import (
     PRMSNorm,
     RMSNorm,
     available_norms,
+    build_norm,
     create_norm,
-    norm_from_config,
-    norm_keywords,
+    norm_class,
+    norm_name,
+    norm_partial,
     norm_traits,
     norms_with,
     register_norm,
@@ -98,7 +106,7 @@ def test_traits_are_read_from_the_family_classes():
     for name, key in affine.items():  # the key is a keyword of the family and switches it off
         if key is not None:
             kwargs = {"num_groups": 2} if name == "groupnorm" else {}
-            assert key in norm_keywords(name)
+            assert key in inspect.signature(norm_class(name)).parameters
             norm = create_norm(name, 4, **kwargs, **{key: False})
             assert norm.weight is None and norm.bias is None
     assert all(norm_traits(n).channel_dims == (1, -1) for n in available_norms())
@@ -106,8 +114,12 @@ def test_traits_are_read_from_the_family_classes():
         norm_traits("foo")
 
 
-def test_a_plain_module_gets_conservative_traits():
-    traits = norm_traits(nn.RMSNorm)
+def test_a_plain_module_is_unknown_until_registered_then_gets_conservative_traits(
+    scratch_registry,
+):
+    assert norm_traits(nn.RMSNorm) is None  # nothing declared: the models' checks pass it
+    register_norm("torch_rms")(nn.RMSNorm)
+    traits = norm_traits(functools.partial(nn.RMSNorm, eps=1e-3))  # read from the partial's class
     assert not (traits.tokenwise or traits.spatial or traits.syncable)
     assert traits.affine_key is None and traits.channel_dims == (-1,)
 
@@ -122,8 +134,8 @@ def test_a_plain_module_gets_conservative_traits():
 def test_a_registered_plain_module_is_built_like_a_builtin(scratch_registry):
     assert register_norm("torch_rms", aliases=("trms",))(nn.RMSNorm) is nn.RMSNorm
     assert "torchrms" in available_norms()
-    assert norm_keywords("TRMS") == ["eps", "elementwise_affine", "device", "dtype"]
-    norm = norm_from_config({"name": "torch-rms", "eps": 1e-3}, 6)
+    assert norm_class("TRMS") is nn.RMSNorm and norm_name(nn.RMSNorm) == "torchrms"
+    norm = build_norm(norm_partial("torch-rms", eps=1e-3), 6)
     assert type(norm) is nn.RMSNorm and norm.normalized_shape == (6,) and norm.eps == 1e-3
     # an fc layer's (N, C): dims 1 and -1 are the same, so a features-last module fits
     assert type(create_norm("torch_rms", 6, channel_dim=(1, -1))) is nn.RMSNorm
@@ -161,7 +173,7 @@ def test_every_norm_takes_impl_and_only_batchnorm_takes_sync():
         kwargs = {"num_groups": 1} if name == "groupnorm" else {}
         for impl in ("fast", "reference"):
             assert isinstance(create_norm(name, 4, impl=impl, **kwargs), nn.Module)
-        assert ("sync" in norm_keywords(name)) == (name == "batchnorm")
+        assert ("sync" in inspect.signature(norm_class(name)).parameters) == (name == "batchnorm")
     assert create_norm("batchnorm", 4, sync=False).sync is False
 
 
@@ -301,3 +313,37 @@ def test_wrong_input_shape_raises(name, kwargs, shape, message):
     for impl in ("fast", "reference", "manual"):
         with pytest.raises(NormConfigError, match=message):
             create_norm(name, 6, impl=impl, **kwargs)(torch.randn(shape))
+
+
+# ----- a norm config is a partial of its class ----------------------------------------------
+
+
+@pytest.mark.parametrize("name", [p.stem for p in (REPO / "conf" / "norm").glob("*.yaml")])
+def test_every_norm_config_is_a_partial_of_the_class_registered_under_its_name(name):
+    if name == "custom":
+        return  # a name or a class path of the user's: test_plugins
+    layer = instantiate(OmegaConf.load(REPO / "conf" / "norm" / f"{name}.yaml"))
+    assert isinstance(layer, functools.partial) and norm_class(layer) is norm_class(name)
+    assert norm_name(layer) == name and norm_traits(layer) == norm_traits(name)
+    kwargs = {"num_groups": 1} if name == "groupnorm" else {}  # 2 does not divide 3
+    assert type(build_norm(functools.partial(layer, **kwargs), 4)) is norm_class(name)
+
+
+def test_a_bad_keyword_of_a_partial_is_one_line_naming_the_valid_ones():
+    layer = functools.partial(functools.partial(BatchNorm, eps=1e-3), groups=2)  # nested
+    with pytest.raises(NormConfigError, match=r"^batchnorm: unknown argument\(s\) groups; val"):
+        build_norm(layer, 4)
+    with pytest.raises(NormConfigError, match=r"^layernorm: unknown argument\(s\) momentum; "):
+        norm_partial("layernorm", momentum=0.1)
+    with pytest.raises(NormConfigError, match=r"^a norm layer is a callable width -> nn.Module"):
+        build_norm({"name": "batchnorm"}, 4)
+
+
+def test_norm_partial_takes_a_registered_name_or_a_class_path():
+    assert norm_partial("LN", eps=1e-3).func is LayerNorm
+    layer = norm_partial("torch.nn.RMSNorm", eps=1e-3)  # registered nowhere: no traits
+    assert norm_traits(layer) is None and build_norm(layer, 4).normalized_shape == (4,)
+    with pytest.raises(NormConfigError, match=r"^norm 'no_such.Norm': cannot import it: No mod"):
+        norm_partial("no_such.Norm")
+    with pytest.raises(NormConfigError, match="unknown norm 'nope'"):
+        norm_partial("nope")

@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 from conftest import REPO, TINY
+from hydra.utils import instantiate
 from test_train import metrics_rows, run_cli
 from timm.layers import RmsNorm
 from torch import nn
@@ -21,11 +22,10 @@ from normlab.models.lenet import LeNet
 from normlab.models.lstm import LSTMLM
 from normlab.models.mlp import MLP
 from normlab.models.transformer import GPT
-from normlab.norms import NormConfigError, norm_traits, register_norm, registry
+from normlab.norms import NormConfigError, norm_partial, norm_traits, register_norm, registry
 from normlab.norms.adaptive import AdaLNZero
 from normlab.run import train, user_error
 
-MEANONLY = {"name": "meanonly"}
 SPATIAL_PLUGIN = '''
 from torch import nn
 
@@ -84,12 +84,12 @@ def test_the_example_is_the_formula_and_declares_its_traits(my_norm):
 
 def test_lenet_and_mlp_build_it_in_every_layer(my_norm):
     torch.manual_seed(0)
-    net = LeNet(MEANONLY)
+    net = LeNet(my_norm.MeanOnlyLayerNorm)
     layers = [net.features.norm1, net.features.norm2, net.classifier.norm3, net.classifier.norm4]
     assert all(type(m) is my_norm.MeanOnlyLayerNorm for m in layers)
     assert [m.channel_dim for m in layers] == [1, 1, 1, 1]  # the built-ins' layout in LeNet
     backward(net(torch.randn(4, 1, 28, 28)), net)
-    mlp = MLP(MEANONLY, hidden=[8, 8])
+    mlp = MLP(my_norm.MeanOnlyLayerNorm, hidden=[8, 8])
     assert type(mlp.layers.norm2) is my_norm.MeanOnlyLayerNorm
     backward(mlp(torch.randn(4, 1, 28, 28)), mlp)
 
@@ -97,7 +97,9 @@ def test_lenet_and_mlp_build_it_in_every_layer(my_norm):
 @pytest.mark.parametrize("placement", ["pre", "post", "deepnorm"])
 def test_the_gpt_builds_it_in_every_placement(my_norm, placement):
     torch.manual_seed(0)
-    gpt = GPT(65, {"name": placement}, MEANONLY, depth=2, d_model=16, n_heads=2, ctx=8)
+    gpt = GPT(
+        65, {"name": placement}, my_norm.MeanOnlyLayerNorm, depth=2, d_model=16, n_heads=2, ctx=8
+    )
     norms = [m for m in gpt.modules() if type(m) is my_norm.MeanOnlyLayerNorm]
     assert len(norms) == 4 + (placement == "pre")  # two per block, and pre's final norm
     assert all(m.channel_dim == -1 for m in norms)
@@ -107,7 +109,9 @@ def test_the_gpt_builds_it_in_every_placement(my_norm, placement):
 @pytest.mark.parametrize("conditioning", ["adaln_zero", "cross_attn"])
 def test_the_dit_builds_it_and_adaln_switches_its_gain_off(my_norm, conditioning):
     torch.manual_seed(0)
-    dit = DiT(MEANONLY, conditioning=conditioning, hidden_size=16, depth=2, num_heads=2)
+    dit = DiT(
+        my_norm.MeanOnlyLayerNorm, conditioning=conditioning, hidden_size=16, depth=2, num_heads=2
+    )
     norms = [m for m in dit.modules() if type(m) is my_norm.MeanOnlyLayerNorm]
     if conditioning == "adaln_zero":  # through its affine_key: the regression replaces it
         assert isinstance(dit.blocks[0].norm1, AdaLNZero)
@@ -120,21 +124,21 @@ def test_the_dit_builds_it_and_adaln_switches_its_gain_off(my_norm, conditioning
 
 def test_the_lstm_builds_it(my_norm):
     torch.manual_seed(0)
-    lstm = LSTMLM(65, MEANONLY, hidden_size=8, ctx=6)
+    lstm = LSTMLM(65, my_norm.MeanOnlyLayerNorm, hidden_size=8, ctx=6)
     assert type(lstm.layers[0].norm_c) is my_norm.MeanOnlyLayerNorm
     backward(lstm(torch.randint(0, 65, (2, 6))), lstm)
 
 
 def test_a_plain_module_fits_lenets_fc_layers_but_not_its_conv_layers(scratch_registry):
     register_norm("torch_rms")(nn.RMSNorm)  # features last, no channel_dim: (N, C) fits
-    net = LeNet({"name": "batchnorm"}, fc_norm={"name": "torch_rms"})
+    net = LeNet(norm_partial("batchnorm"), fc_norm=norm_partial("torch_rms"))
     norm3 = net.classifier.norm3
     assert type(norm3) is nn.RMSNorm and norm3.normalized_shape == (120,)
     backward(net(torch.randn(4, 1, 28, 28)), net)
     with pytest.raises(ConfigError, match=r"^features\.norm1 \(6 features\): torchrms takes its"):
-        LeNet({"name": "torch_rms"})
+        LeNet(norm_partial("torch_rms"))
     with pytest.raises(NormConfigError, match="norm=torch_rms cannot sit in placement=pre"):
-        GPT(65, {"name": "pre"}, {"name": "torch_rms"}, depth=1, d_model=8, n_heads=2, ctx=4)
+        GPT(65, {"name": "pre"}, norm_partial("torch_rms"), depth=1, d_model=8, n_heads=2, ctx=4)
 
 
 def test_a_spatial_only_norm_fails_in_an_fc_layer_before_training(
@@ -145,10 +149,10 @@ def test_a_spatial_only_norm_fails_in_an_fc_layer_before_training(
     monkeypatch.setitem(sys.modules, "spatial_plugin", importlib.import_module("spatial_plugin"))
     overrides = ["plugins=[spatial_plugin]", "norm=custom", "norm.name=spatialonly", *TINY]
     # LeNet: the conv layers get it, the fc layers none (as instancenorm); explicit: refused
-    net = LeNet({"name": "spatialonly"})
+    net = LeNet(norm_partial("spatialonly"))
     assert type(net.classifier.norm3).__name__ == "NoNorm"
     with pytest.raises(ConfigError, match=r"^classifier\.norm3 \(120 features\): norm=spat"):
-        LeNet({"name": "batchnorm"}, fc_norm={"name": "spatialonly"})
+        LeNet(norm_partial("batchnorm"), fc_norm=norm_partial("spatialonly"))
     # the MLP through the real config: nothing trained, the layer named
     cfg = compose([*overrides, "model=mlp"], tmp_path / "run")
     with pytest.raises(Exception) as info:
@@ -185,6 +189,21 @@ def test_train_py_runs_the_example_through_plugins(tmp_path):
     logged = [r for r in rows if r.get("norm/net.features.norm1/out_std")]
     assert logged and all(float(r["norm/net.classifier.norm4/out_std"]) > 0 for r in logged)
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_a_class_path_is_a_norm_without_registering_it(compose, monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(REPO))
+    monkeypatch.delitem(sys.modules, "examples.my_norm", raising=False)
+    path = "examples.my_norm.MeanOnlyLayerNorm"
+    overrides = ["norm=custom", f"norm.name={path}", "+norm.elementwise_affine=false"]
+    cfg = compose([*overrides, "arm=${normlab.norm_name:norm}"], tmp_path)
+    config.validate(cfg)
+    assert cfg.arm == "meanonly"  # imported, it registered itself: the name it goes by
+    net = instantiate(cfg.model.net)
+    assert type(net.classifier.norm4).__qualname__ == "MeanOnlyLayerNorm"
+    assert net.classifier.norm4.weight is None and net.classifier.norm4.channel_dim == 1
+    with pytest.raises(NormConfigError, match=r"^meanonly: unknown argument\(s\) eps; valid: el"):
+        instantiate(compose([*overrides, "+norm.eps=1e-5"], tmp_path).model.net)
 
 
 # ----- a callable width -> nn.Module as the norm spec, registered nowhere -----------------------

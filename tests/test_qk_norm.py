@@ -10,10 +10,10 @@ from torch import nn
 
 from normlab.models.dit import DiT
 from normlab.models.transformer import GPT
-from normlab.norms import LayerNorm, NormConfigError, RMSNorm
+from normlab.norms import LayerNorm, NormConfigError, RMSNorm, norm_partial
 from normlab.norms.qknorm import check_qk_norm
 
-LN = {"name": "layernorm", "eps": 1e-5, "elementwise_affine": True, "bias": True}
+LN = norm_partial("layernorm", eps=1e-5, elementwise_affine=True, bias=True)
 GPT_TINY = {"depth": 2, "d_model": 32, "n_heads": 4, "ctx": 16}  # head_dim 8
 DIT_TINY = {"hidden_size": 32, "depth": 2, "num_heads": 4, "patch_size": 4}
 

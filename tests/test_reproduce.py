@@ -256,9 +256,12 @@ def test_rmsnorm_speed_grids_time_300_pairs_and_train_600_steps_of_one_model(
     assert params == {"norm": "layernorm,rmsnorm,prmsnorm", "num_threads": "1,2"}
     timer = cfg.callbacks.paired_step_time
     assert timer._target_ == "normlab.callbacks.timing.PairedStepTime" and timer.seed == 2
-    assert timer.model == cfg.model and timer.model.net.norm.name == "prmsnorm"
+    assert (
+        timer.model == cfg.model and timer.model.net.norm_layer._target_ == "normlab.norms.PRMSNorm"
+    )
     assert dict(timer.baseline_norm) == {
-        "name": "layernorm",
+        "_target_": "normlab.norms.LayerNorm",
+        "_partial_": True,
         "eps": 1e-5,
         "elementwise_affine": True,
         "bias": True,
@@ -293,14 +296,18 @@ def test_dyt_vs_ln_grids_compose_the_papers_arms(compose, tmp_path):
     assert (net.depth, net.d_model, net.n_heads, cfg.placement.name) == (4, 128, 4, "pre")
     assert net.embed_scale is None and cfg.data.seed == 1 and not cfg.test
     assert cfg.trainer.max_epochs * cfg.data.train_batches_per_epoch == 600
-    assert cfg.norm.name == "layernorm" and cfg.arm == "gpt/layernorm"
+    assert cfg.norm._target_ == "normlab.norms.LayerNorm" and cfg.arm == "gpt/layernorm"
     # the pilot: the authors' LLaMA recipe, one job per (attention, FFN/final) alpha0
     pilot = next(g for g in repro.grids if g.name == "pilot")
     assert pilot.seed_count(3, False) == 1
     chosen = [o.split(",")[0] if "norm_at.attn" in o or "norm_at.mlp" in o else o
               for o in pilot.overrides]  # fmt: skip
     cfg = compose([f"experiment={pilot.experiment}", *chosen], tmp_path)
-    assert cfg.norm.name == "dyt" and cfg.norm.bias is False and not cfg.model.net.tie_weights
+    assert (
+        cfg.norm._target_ == "normlab.norms.DyT"
+        and cfg.norm.bias is False
+        and not cfg.model.net.tie_weights
+    )
     assert cfg.model.net.embed_scale == 50 and cfg.arm == "pilot/a1.0_f0.25"
     at = cfg.model.net.norm_at
     assert (at.attn.alpha0, at.mlp.alpha0, at.final.alpha0) == (1.0, 0.25, 0.25)

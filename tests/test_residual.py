@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from normlab.errors import ConfigError
-from normlab.norms import NormConfigError
+from normlab.norms import NormConfigError, norm_name, norm_partial
 from normlab.norms.residual import (
     DeepNorm,
     available_placements,
@@ -19,8 +19,8 @@ from normlab.norms.residual import (
 )
 
 D = 16
-LAYERNORM = {"name": "layernorm", "eps": 1e-5, "elementwise_affine": True, "bias": True}
-RMSNORM = {"name": "rmsnorm", "eps": 1e-6, "elementwise_affine": True}
+LAYERNORM = norm_partial("layernorm", eps=1e-5, elementwise_affine=True, bias=True)
+RMSNORM = norm_partial("rmsnorm", eps=1e-6, elementwise_affine=True)
 
 
 def layer_norm(v: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
@@ -111,7 +111,7 @@ def test_deepnorm_alpha_scales_residual_not_sublayer(x):
     zero = nn.Linear(D, D)
     nn.init.zeros_(zero.weight)
     nn.init.zeros_(zero.bias)
-    block = create_residual("deepnorm", zero, D, {"name": "none"}, alpha=3.0)
+    block = create_residual("deepnorm", zero, D, norm_partial("none"), alpha=3.0)
     torch.testing.assert_close(block(x), 3.0 * x)
 
 
@@ -159,9 +159,10 @@ def test_names_normalised_and_unknown_listed():
 
 
 @pytest.mark.parametrize(
-    "norm_cfg", [{"name": "batchnorm"}, {"name": "groupnorm", "num_groups": 2}, {"name": "in"}]
+    "norm_cfg",
+    [norm_partial("batchnorm"), norm_partial("groupnorm", num_groups=2), norm_partial("in")],
 )
 def test_position_mixing_norms_rejected(norm_cfg):
-    name = norm_cfg["name"]
+    name = norm_name(norm_cfg)
     with pytest.raises(NormConfigError, match=f"norm={name} cannot sit in placement=post"):
         create_residual("post", sublayer(), D, norm_cfg)

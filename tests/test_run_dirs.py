@@ -126,7 +126,7 @@ def test_a_resume_that_does_not_match_the_checkpoint_fails_and_changes_nothing(f
     line = error_line(train(run_dir, "norm=groupnorm", "ckpt_path=last"))
     assert line.startswith(
         f"error: ckpt_path=last: {run_dir}/checkpoints/last.ckpt does not match the config: "
-        "norm.name: batchnorm (checkpoint) vs groupnorm (config); "
+        "norm._target_: normlab.norms.BatchNorm (checkpoint) vs normlab.norms.GroupNorm (config); "
     ), line
     assert files(run_dir) == before  # metrics.csv, .hydra/*.yaml, hparams.yaml, train.log
 
@@ -136,8 +136,8 @@ def test_another_config_in_a_run_dir_fails_unless_overwrite_moves_the_run_aside(
     before = files(run_dir)
     line = error_line(train(run_dir, "norm=groupnorm"))
     assert line.startswith(
-        f"error: run dir {run_dir} holds a run of another config (norm.name: batchnorm (run dir) "
-        "vs groupnorm (config); "
+        f"error: run dir {run_dir} holds a run of another config (norm._target_: "
+        "normlab.norms.BatchNorm (run dir) vs normlab.norms.GroupNorm (config); "
     ), line
     assert line.endswith(f"to move that run to {run_dir}/.old-<time>/ and start anew"), line
     assert files(run_dir) == before
@@ -146,10 +146,10 @@ def test_another_config_in_a_run_dir_fails_unless_overwrite_moves_the_run_aside(
     assert proc.returncode == 0, proc.stderr[-3000:]
     (old,) = run_dir.glob(".old-*")
     assert files(old) == before  # the earlier run, whole
-    assert "name: groupnorm" in (run_dir / ".hydra" / "config.yaml").read_text()
+    assert "_target_: normlab.norms.GroupNorm" in (run_dir / ".hydra" / "config.yaml").read_text()
     assert "normlab.run][INFO] - overwrite=true: moved" in (run_dir / "train.log").read_text()
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
-    assert ckpt["normlab_config"]["norm"]["name"] == "groupnorm"
+    assert ckpt["normlab_config"]["norm"]["_target_"] == "normlab.norms.GroupNorm"
 
 
 def test_a_sweep_job_whose_dir_is_in_use_is_not_run(tmp_path):

@@ -18,10 +18,11 @@ from normlab.data.shakespeare import ShakespeareDataModule
 from normlab.errors import ConfigError, DataError
 from normlab.hydra_callbacks import EXIT_JOBS_FAILED
 from normlab.models.transformer import GPT
+from normlab.norms import norm_partial
 from normlab.norms.residual import available_placements, deepnorm_constants
 from normlab.tasks.language_model import LanguageModelTask
 
-LAYERNORM = {"name": "layernorm", "eps": 1e-5, "elementwise_affine": True, "bias": True}
+LAYERNORM = norm_partial("layernorm", eps=1e-5, elementwise_affine=True, bias=True)
 DATA_ROOT = Path(os.environ["NORMLAB_DATA"])
 
 
@@ -200,7 +201,10 @@ def test_train_each_placement(compose, tmp_path, placement):
 
     cfg = compose([*LM_TINY, f"placement={placement}"], tmp_path)
     assert cfg.data._target_.endswith("ShakespeareDataModule")
-    assert cfg.norm.name == "layernorm" and cfg.optim.optimizer._target_ == "torch.optim.AdamW"
+    assert (
+        cfg.norm._target_ == "normlab.norms.LayerNorm"
+        and cfg.optim.optimizer._target_ == "torch.optim.AdamW"
+    )
     result = train(cfg)
     assert result["status"] == "ok"
     assert result["metrics"]["val/bpc"] == pytest.approx(
@@ -284,10 +288,10 @@ def test_the_training_windows_follow_the_runs_seed(compose, tmp_path, seed):
     assert cfg.data.seed == seed
 
 
-def test_norm_at_gives_each_position_its_own_norm_keywords():
+def test_norm_at_gives_each_position_its_own_keywords():
     """The DyT paper's LLaMA recipe: alpha0 of the attention-input, FFN-input and final norms
     set apart; the other keywords (no bias) shared."""
-    dyt = {"name": "dyt", "alpha0": 0.5, "bias": False}
+    dyt = norm_partial("dyt", alpha0=0.5, bias=False)
     at = {"attn": {"alpha0": 0.8}, "mlp": {"alpha0": 0.2}, "final": {"alpha0": 0.1}}
     model = GPT(65, {"name": "pre"}, dyt, depth=2, d_model=32, n_heads=2, ctx=16, norm_at=at)
     for block in model.blocks:

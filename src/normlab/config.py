@@ -44,6 +44,19 @@ def _slug(text: str, limit: int = 80) -> str:
     return f"{slug[: limit - 9]}-{digest}"
 
 
+def _norm_name(key: str, _root_: DictConfig) -> str:
+    """The short name of the norm config at `key`: the name its class is registered under
+    (norm=dyt: dyt), or norm=custom's norm.name's."""
+    from hydra.utils import get_object
+
+    from normlab.norms import norm_name, norm_partial  # torch: only when a config asks
+
+    norm = OmegaConf.select(_root_, key)
+    if "name" in norm:
+        return norm_name(norm_partial(str(norm.name)))
+    return norm_name(get_object(norm._target_))
+
+
 def register_resolvers() -> None:
     """Register normlab's resolvers once (safe to call repeatedly)."""
     if not OmegaConf.has_resolver("normlab.uid"):
@@ -56,6 +69,8 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("normlab.div", lambda a, b: a / b)
     if not OmegaConf.has_resolver("normlab.floordiv"):  # warmup steps = warmup images // batch
         OmegaConf.register_new_resolver("normlab.floordiv", lambda a, b: a // b)
+    if not OmegaConf.has_resolver("normlab.norm_name"):  # an arm: ${normlab.norm_name:norm}
+        OmegaConf.register_new_resolver("normlab.norm_name", _norm_name)
     if not OmegaConf.has_resolver("normlab.ddp_backend"):
         OmegaConf.register_new_resolver(
             "normlab.ddp_backend", lambda acc: "nccl" if acc in ("gpu", "cuda") else "gloo"

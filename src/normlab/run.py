@@ -47,7 +47,7 @@ RESUME_KEYS = ("state_dict", "global_step", "epoch", "optimizer_states")  # what
 SHOWN_DIFFERENCES = 4  # differing keys an error names
 _ABSENT = object()
 RESUMED_DIR_WARNING = r"Checkpoint directory .* exists and is not empty"  # ModelCheckpoint's
-_ALIAS = re.compile(r"\$\{[\w.]+\}")  # a node that is another node (model.net.norm: ${norm})
+_ALIAS = re.compile(r"\$\{[\w.]+\}")  # a node that is another node (model.net.norm_layer: ${norm})
 
 
 def _hydra() -> Any | None:
@@ -143,7 +143,7 @@ def differences(
 ) -> str:
     """'key: <old> (old_name) vs <new> (new_name)' for each leaf whose value differs, "; "-joined
     (the first SHOWN_DIFFERENCES, changed values before keys one side lacks); empty when none.
-    A key that is another node in cfg (model.net.norm: ${norm}) is left to that node."""
+    A key that is another node in cfg (model.net.norm_layer: ${norm}) is left to that node."""
     unresolved = _leaves(OmegaConf.to_container(cfg, resolve=False))  # type: ignore[arg-type]
     aliases = tuple(f"{k}." for k, v in unresolved.items() if _ALIAS.fullmatch(str(v)))
     a, b = _leaves(old), _leaves(new)

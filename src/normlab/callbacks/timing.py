@@ -97,7 +97,7 @@ class PairedStepTime(pl.Callback):
         self,
         model: DictConfig,
         baseline_norm: DictConfig,
-        norm_key: str = "net.norm",
+        norm_key: str = "net.norm_layer",
         seed: int = 0,
         warmup: int = 10,
     ) -> None:

@@ -14,7 +14,7 @@ guidance). `conditioning` picks how the blocks see it:
     in_context  emb(t), emb(y) prepended to the image tokens; plain norms; dropped before the
                 final layer
 
-The norms come from the registry (`norm`: the composed norm config); they must act on each
+The norms come from `norm_layer` (the composed norm config's partial); they must act on each
 token over its last (feature) axis of (B, T, D): a family whose class declares `tokenwise`.
 `norm_eps` (DiT's 1e-6, as its LayerNorms) replaces the norm config's eps in every norm the
 model builds; None keeps the config's. `qk_norm`
@@ -24,6 +24,7 @@ head_dim in every attention (self- and cross-), with norm_eps as their eps too.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Mapping
 from functools import partial
@@ -36,15 +37,15 @@ from torch import nn
 
 from normlab.errors import ConfigError
 from normlab.norms import (
+    LayerNorm,
     NormConfigError,
-    NormSpec,
-    norm_from_config,
-    norm_keywords,
+    build_norm,
+    norm_class,
+    norm_name,
+    norm_traits,
     norms_with,
-    spec_name,
-    spec_traits,
 )
-from normlab.norms.adaptive import LAYERNORM, AdaLN, AdaLNZero, AdaptiveNorm
+from normlab.norms.adaptive import AdaLN, AdaLNZero, AdaptiveNorm, NormLayer
 from normlab.norms.qknorm import check_qk_norm, create_qk_norm
 
 # ---------------------------------------------------------------------------------------------
@@ -170,13 +171,13 @@ class Conditioning:
     name: ClassVar[str]
     cross_attention: ClassVar[bool] = False  # a cross-attention sub-layer in each block reads ctx
 
-    def branch_norm(self, norm: NormSpec, dim: int) -> TokenNorm:
+    def branch_norm(self, norm: NormLayer, dim: int) -> TokenNorm:
         """The norm before a block's residual branch (attention, MLP)."""
-        return norm_from_config(norm, dim, channel_dim=-1)
+        return build_norm(norm, dim, channel_dim=-1)
 
-    def final_norm(self, norm: NormSpec, dim: int) -> TokenNorm:
+    def final_norm(self, norm: NormLayer, dim: int) -> TokenNorm:
         """The norm before the final linear."""
-        return norm_from_config(norm, dim, channel_dim=-1)
+        return build_norm(norm, dim, channel_dim=-1)
 
     def normalize(
         self, norm: TokenNorm, x: torch.Tensor, c: torch.Tensor | None
@@ -202,10 +203,10 @@ class AdaLNZeroConditioning(Conditioning):
 
     name = "adaln_zero"
 
-    def branch_norm(self, norm: NormSpec, dim: int) -> TokenNorm:
+    def branch_norm(self, norm: NormLayer, dim: int) -> TokenNorm:
         return AdaLNZero(dim, dim, norm)
 
-    def final_norm(self, norm: NormSpec, dim: int) -> TokenNorm:
+    def final_norm(self, norm: NormLayer, dim: int) -> TokenNorm:
         return AdaLN(dim, dim, norm, zero_init=True)
 
     def normalize(
@@ -225,10 +226,10 @@ class AdaLNConditioning(AdaLNZeroConditioning):
 
     name = "adaln"
 
-    def branch_norm(self, norm: NormSpec, dim: int) -> TokenNorm:
+    def branch_norm(self, norm: NormLayer, dim: int) -> TokenNorm:
         return AdaLN(dim, dim, norm)
 
-    def final_norm(self, norm: NormSpec, dim: int) -> TokenNorm:
+    def final_norm(self, norm: NormLayer, dim: int) -> TokenNorm:
         return AdaLN(dim, dim, norm, zero_init=False)
 
 
@@ -278,7 +279,7 @@ class DiTBlock(nn.Module):
         num_heads: int,
         mlp_ratio: float,
         conditioning: Conditioning,
-        norm: NormSpec,
+        norm: NormLayer,
         qk_norm: str | None = None,
         qk_norm_kw: Mapping[str, Any] | None = None,
     ) -> None:
@@ -298,7 +299,7 @@ class DiTBlock(nn.Module):
             )
         self.cross_attn = None
         if conditioning.cross_attention:
-            self.norm_cross = norm_from_config(norm, D, channel_dim=-1)
+            self.norm_cross = build_norm(norm, D, channel_dim=-1)
             heads = (qk(D // num_heads), qk(D // num_heads)) if qk_norm else (None, None)
             self.cross_attn = CrossAttention(D, num_heads, *heads)
         self.norm2 = conditioning.branch_norm(norm, D)
@@ -319,7 +320,7 @@ class FinalLayer(nn.Module):
     """Norm (adaptive for the adaLN variants, no gate) then Linear to p*p*C values per token."""
 
     def __init__(
-        self, hidden_size: int, out_dim: int, conditioning: Conditioning, norm: NormSpec
+        self, hidden_size: int, out_dim: int, conditioning: Conditioning, norm: NormLayer
     ) -> None:
         super().__init__()
         self.cond = conditioning
@@ -365,7 +366,7 @@ class DiT(nn.Module):
 
     def __init__(
         self,
-        norm: NormSpec = LAYERNORM,
+        norm_layer: NormLayer = LayerNorm,
         conditioning: str = "adaln_zero",
         input_size: int = 28,
         in_channels: int = 1,
@@ -385,14 +386,13 @@ class DiT(nn.Module):
         check_shape(conditioning, input_size, hidden_size, depth, num_heads, patch_size)
         D, p = hidden_size, patch_size
         self.zero_init = zero_init
-        if isinstance(norm, Mapping):  # a config: eps replaced below (a callable sets its own)
-            norm = dict(norm)
-            if norm_eps is not None and "eps" in norm_keywords(norm.get("name")):
-                norm["eps"] = norm_eps  # DiT's LayerNorm eps, in every norm built below
-        traits = spec_traits(norm)
+        norm, traits = norm_layer, norm_traits(norm_layer)
+        takes_eps = traits is not None and "eps" in inspect.signature(norm_class(norm)).parameters
+        if norm_eps is not None and takes_eps:  # a normlab-known class: eps replaced (a plain
+            norm = partial(norm, eps=norm_eps)  # callable sets its own)
         if traits is not None and not traits.tokenwise:
             raise NormConfigError(
-                f"dit: norm={spec_name(norm)!r} does not normalise the feature axis of (B, T, D) "
+                f"dit: norm={norm_name(norm)!r} does not normalise the feature axis of (B, T, D) "
                 f"tokens; choose one of {norms_with('tokenwise')}"
             )
         self.conditioning = conditioning

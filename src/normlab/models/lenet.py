@@ -8,27 +8,28 @@ from collections.abc import Sequence
 from torch import nn
 
 from normlab.errors import ConfigError
-from normlab.norms import NormSpec, norm_from_config, norms_with, spec_name, spec_traits
+from normlab.norms import NoNorm, build_norm, norm_class, norm_name, norm_traits, norms_with
+from normlab.norms.registry import NormLayer
 
 ACTIVATIONS = {"sigmoid": nn.Sigmoid, "relu": nn.ReLU}
 # 2x2 stride-2 pooling after each conv: avg as d2l's LeNet (LeNet-5's subsampling), the default;
 # max as the lecture's LeNet+BN
 POOLS = {"avg": nn.AvgPool2d, "max": nn.MaxPool2d}
-NONE = {"name": "none"}
 
 
-def norm_for_layer(spec: NormSpec, features: int, layer: str, fc: bool) -> nn.Module:
+def norm_for_layer(norm_layer: NormLayer, features: int, layer: str, fc: bool) -> nn.Module:
     """The configured norm after a conv layer (features (N, C, H, W)) or an fc layer ((N, C)), or
     a ConfigError naming the layer: one that needs spatial extent has none after an fc layer."""
     try:
-        traits = spec_traits(spec)
+        traits = norm_traits(norm_layer)
         if fc and traits is not None and traits.spatial:
             raise ConfigError(
-                f"norm={spec_name(spec)} needs spatial extent and an fc layer's (N, {features}) "
-                f"output has no spatial extent; use {', '.join(norms_with('spatial', False))}"
+                f"norm={norm_name(norm_layer)} needs spatial extent and an fc layer's "
+                f"(N, {features}) output has no spatial extent; use "
+                f"{', '.join(norms_with('spatial', False))}"
             )
         # an fc layer's features are at dim 1 and at dim -1: a norm of either layout fits
-        return norm_from_config(spec, features, channel_dim=(1, -1) if fc else 1)
+        return build_norm(norm_layer, features, channel_dim=(1, -1) if fc else 1)
     except ValueError as err:
         raise ConfigError(f"{layer} ({features} features): {err}") from err
 
@@ -37,22 +38,22 @@ class LeNet(nn.Module):
     """conv 6 -> pool -> conv 16 -> pool -> fc 120 -> fc 84 -> fc 10, norms from the registry.
 
     Features are channels-first (N, C, H, W) / (N, C): a layer norm normalizes each sample over
-    (C, H, W) as in the GN paper. `norm` normalizes the conv layers; `fc_norm` the fc layers:
-    "auto" uses `norm` there too,
+    (C, H, W) as in the GN paper. `norm_layer` normalizes the conv layers; `fc_norm` the fc layers:
+    "auto" uses `norm_layer` there too,
     except for a norm that needs spatial extent (its class's `spatial` trait: instancenorm), which
-    an fc layer lacks — those layers then get no norm. An explicit fc_norm config is used as given
-    (one needing spatial extent fails, naming the layer). `channels` are the two
-    conv widths, LeNet-5's (6, 16) by default; (16, 32) leaves GroupNorm room for 4 groups of at
-    least 4 channels in both conv layers. `pool` is the 2x2 pooling after each conv: "avg"
-    (d2l's LeNet) or "max".
+    an fc layer lacks — those layers then get no norm. An explicit fc_norm (a norm layer or a
+    registered name) is used as given (one needing spatial extent fails, naming the layer).
+    `channels` are the two conv widths, LeNet-5's (6, 16) by default; (16, 32) leaves GroupNorm
+    room for 4 groups of at least 4 channels in both conv layers. `pool` is the 2x2 pooling
+    after each conv: "avg" (d2l's LeNet) or "max".
     """
 
     input_shape = (1, 28, 28)
 
     def __init__(
         self,
-        norm: NormSpec,
-        fc_norm: NormSpec | str = "auto",
+        norm_layer: NormLayer,
+        fc_norm: NormLayer | str = "auto",
         activation: str = "sigmoid",
         num_classes: int = 10,
         channels: Sequence[int] = (6, 16),
@@ -74,10 +75,10 @@ class LeNet(nn.Module):
         if pool not in POOLS:
             raise ValueError(f"pool={pool!r}: choose one of {list(POOLS)}")
         if fc_norm == "auto":
-            traits = spec_traits(norm)
-            fc_norm = NONE if traits is not None and traits.spatial else norm
+            traits = norm_traits(norm_layer)
+            fc_norm = NoNorm if traits is not None and traits.spatial else norm_layer
         elif isinstance(fc_norm, str):
-            fc_norm = {"name": fc_norm}
+            fc_norm = norm_class(fc_norm)
         act = ACTIVATIONS[activation]
         pooling = POOLS[pool]
 
@@ -85,11 +86,11 @@ class LeNet(nn.Module):
         self.features = nn.Sequential(
             OrderedDict(
                 conv1=nn.Conv2d(1, c1, kernel_size=5),
-                norm1=norm_for_layer(norm, c1, "features.norm1", fc=False),
+                norm1=norm_for_layer(norm_layer, c1, "features.norm1", fc=False),
                 act1=act(),
                 pool1=pooling(2, 2),
                 conv2=nn.Conv2d(c1, c2, kernel_size=5),
-                norm2=norm_for_layer(norm, c2, "features.norm2", fc=False),
+                norm2=norm_for_layer(norm_layer, c2, "features.norm2", fc=False),
                 act2=act(),
                 pool2=pooling(2, 2),
             )

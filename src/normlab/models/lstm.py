@@ -24,23 +24,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from normlab.norms import (
-    NormConfigError,
-    NormSpec,
-    norm_from_config,
-    norms_with,
-    spec_name,
-    spec_traits,
-)
+from normlab.norms import NormConfigError, build_norm, norm_name, norm_traits, norms_with
+from normlab.norms.registry import NormLayer
 
 State = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (B, hidden)
 
 
-def lstm_norm(cfg: NormSpec, features: int, layer: str) -> nn.Module:
+def lstm_norm(norm_layer: NormLayer, features: int, layer: str) -> nn.Module:
     """The configured norm over `features` per sample, or NormConfigError naming `layer`."""
-    traits = spec_traits(cfg)
+    traits = norm_traits(norm_layer)
     if traits is not None and not traits.tokenwise:
-        name = spec_name(cfg)
+        name = norm_name(norm_layer)
         raise NormConfigError(
             f"norm={name} cannot be used in model=lstm (layer {layer}, {features} features): "
             "an LSTM normalizes each sample's own features at every time step (Ba et al. 2016) "
@@ -48,7 +42,7 @@ def lstm_norm(cfg: NormSpec, features: int, layer: str) -> nn.Module:
             f"statistics are not implemented); use one of {', '.join(norms_with('tokenwise'))}"
         )
     try:
-        return norm_from_config(cfg, features, channel_dim=-1)  # on (B, T, 4H) and (B, H)
+        return build_norm(norm_layer, features, channel_dim=-1)  # on (B, T, 4H) and (B, H)
     except ValueError as err:
         raise NormConfigError(f"{layer} ({features} features): {err}") from err
 
@@ -57,7 +51,11 @@ class LSTMLayer(nn.Module):
     """One LSTM layer over (B, T, input_size) with the norms of the LN-LSTM."""
 
     def __init__(
-        self, input_size: int, hidden_size: int, norm: NormSpec, name: str = "layer"
+        self,
+        input_size: int,
+        hidden_size: int,
+        norm_layer: NormLayer,
+        name: str = "layer",
     ) -> None:
         super().__init__()
         H = self.hidden_size = hidden_size
@@ -66,9 +64,9 @@ class LSTMLayer(nn.Module):
         self.weight_ih = nn.Parameter(torch.empty(4 * H, input_size))
         self.weight_hh = nn.Parameter(torch.empty(4 * H, H))
         self.bias = nn.Parameter(torch.empty(4 * H))
-        self.norm_x = lstm_norm(norm, 4 * H, f"{name}.norm_x")  # input term W_x x_t
-        self.norm_h = lstm_norm(norm, 4 * H, f"{name}.norm_h")  # recurrent term W_h h_{t-1}
-        self.norm_c = lstm_norm(norm, H, f"{name}.norm_c")  # cell state before the output tanh
+        self.norm_x = lstm_norm(norm_layer, 4 * H, f"{name}.norm_x")  # input term W_x x_t
+        self.norm_h = lstm_norm(norm_layer, 4 * H, f"{name}.norm_h")  # recurrent term W_h h_{t-1}
+        self.norm_c = lstm_norm(norm_layer, H, f"{name}.norm_c")  # cell state, before its tanh
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -123,7 +121,7 @@ class LSTMLM(nn.Module):
     def __init__(
         self,
         vocab_size: int,
-        norm: NormSpec,
+        norm_layer: NormLayer,
         hidden_size: int = 256,
         num_layers: int = 1,
         emb_dim: int | None = None,
@@ -144,7 +142,7 @@ class LSTMLM(nn.Module):
         self.emb_dim, self.ctx, self.dropout = emb_dim, ctx, float(dropout)
         self.tok_emb = nn.Embedding(vocab_size, emb_dim)
         self.layers = nn.ModuleList(
-            LSTMLayer(emb_dim if k == 0 else hidden_size, hidden_size, norm, f"layers.{k}")
+            LSTMLayer(emb_dim if k == 0 else hidden_size, hidden_size, norm_layer, f"layers.{k}")
             for k in range(num_layers)
         )
         self.drop = nn.Dropout(self.dropout)  # on each layer's input and the head's (Zaremba)

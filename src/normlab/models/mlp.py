@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from torch import nn
 
 from normlab.models.lenet import ACTIVATIONS, norm_for_layer
-from normlab.norms import NormSpec
+from normlab.norms.registry import NormLayer
 
 
 class MLP(nn.Module):
@@ -26,7 +26,7 @@ class MLP(nn.Module):
 
     def __init__(
         self,
-        norm: NormSpec,
+        norm_layer: NormLayer,
         hidden: Sequence[int] = (100, 100, 100),
         activation: str = "sigmoid",
         num_classes: int = 10,
@@ -51,7 +51,7 @@ class MLP(nn.Module):
         width = 28 * 28
         for i, features in enumerate(widths, start=1):
             layers[f"fc{i}"] = nn.Linear(width, features)  # (B, width) -> (B, features)
-            layers[f"norm{i}"] = norm_for_layer(norm, features, f"layers.norm{i}", fc=True)
+            layers[f"norm{i}"] = norm_for_layer(norm_layer, features, f"layers.norm{i}", fc=True)
             layers[f"act{i}"] = act()
             width = features
         layers["out"] = nn.Linear(width, num_classes)  # the last act's output: penultimate feature

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -9,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from normlab.norms import NormSpec
 from normlab.norms.qknorm import check_qk_norm, create_qk_norm
+from normlab.norms.registry import NormLayer
 from normlab.norms.residual import create_residual, placement_class, tokenwise_norm
 
 MLP_RATIO = 4  # hidden width of the MLP / d_model
@@ -77,19 +78,14 @@ class MLP(nn.Module):
 NORM_POSITIONS = ("attn", "mlp", "final")  # the attention input, the FFN input, the final norm
 
 
-def position_norm(norm: NormSpec, position: str, settings: Mapping[str, Any] | None) -> NormSpec:
-    """The norm config of one position with that position's own keyword settings merged in
-    (the DyT paper's LLaMA recipe gives the attention-input, FFN-input and final norms their own
-    alpha0); the norm itself when the position has none."""
+def position_norm(
+    norm_layer: NormLayer, position: str, settings: Mapping[str, Any] | None
+) -> NormLayer:
+    """The norm layer of one position with that position's own keywords added (the DyT paper's
+    LLaMA recipe gives the attention-input, FFN-input and final norms their own alpha0); the
+    norm layer itself when the position has none."""
     own = (settings or {}).get(position)
-    if not own:
-        return norm
-    if not isinstance(norm, Mapping):
-        raise ValueError(
-            f"norm_at.{position} sets keywords of a norm config; the norm is a callable "
-            f"({norm!r}): give the position's settings in the callable instead"
-        )
-    return {**norm, **own}
+    return functools.partial(norm_layer, **own) if own else norm_layer
 
 
 def check_shape(
@@ -120,16 +116,16 @@ class Block(nn.Module):
         n_heads: int,
         dropout: float,
         placement: str,
-        norm: NormSpec,
+        norm_layer: NormLayer,
         qk_norm: str | None = None,
-        mlp_norm: NormSpec | None = None,
+        mlp_norm: NormLayer | None = None,
         **residual_kw: Any,
     ) -> None:
         super().__init__()
         attn = CausalSelfAttention(d_model, n_heads, dropout, qk_norm)
         mlp = MLP(d_model, dropout)
-        self.attn = create_residual(placement, attn, d_model, norm, **residual_kw)
-        mlp_norm = norm if mlp_norm is None else mlp_norm  # the FFN input's own settings
+        self.attn = create_residual(placement, attn, d_model, norm_layer, **residual_kw)
+        mlp_norm = norm_layer if mlp_norm is None else mlp_norm  # the FFN input's own settings
         self.mlp = create_residual(placement, mlp, d_model, mlp_norm, **residual_kw)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -153,7 +149,7 @@ class GPT(nn.Module):
         self,
         vocab_size: int,
         placement: Mapping[str, Any],
-        norm: NormSpec,
+        norm_layer: NormLayer,
         depth: int = 4,
         d_model: int = 64,
         n_heads: int = 4,
@@ -184,7 +180,7 @@ class GPT(nn.Module):
         self.embed_scale = None
         if embed_scale is not None:
             self.embed_scale = nn.Parameter(torch.tensor([float(embed_scale)]))
-        attn_norm, mlp_norm = (position_norm(norm, p, norm_at) for p in ("attn", "mlp"))
+        attn_norm, mlp_norm = (position_norm(norm_layer, p, norm_at) for p in ("attn", "mlp"))
         self.blocks = nn.ModuleList(
             Block(
                 D,
@@ -199,7 +195,7 @@ class GPT(nn.Module):
             for _ in range(self.depth)
         )
         needs_final = placement_cls.needs_final_norm
-        final = position_norm(norm, "final", norm_at)
+        final = position_norm(norm_layer, "final", norm_at)
         self.final_norm = tokenwise_norm(final, D, self.placement) if needs_final else nn.Identity()
         self.lm_head = nn.Linear(D, vocab_size, bias=False)
         if tie_weights:

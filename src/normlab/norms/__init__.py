@@ -1,8 +1,9 @@
 """The core package: every normalization layer, built by name through one registry.
 
 A norm of your own joins it with `@register_norm("name")` (see normlab.norms.registry and
-examples/my_norm.py) and is then built by `create_norm` / `norm_from_config` like a built-in;
-a model also takes any callable width -> nn.Module as its norm (`NormSpec`).
+examples/my_norm.py) and is then built by `create_norm` like a built-in. A model takes its norm
+as `norm_layer`, any callable width -> nn.Module: a norm config's partial of a class
+(`_target_: normlab.norms.<Class>`, `_partial_: true`), a class, a function.
 """
 
 from normlab.norms.base import Norm, NormConfigError
@@ -15,18 +16,17 @@ from normlab.norms.instancenorm import InstanceNorm
 from normlab.norms.layernorm import LayerNorm
 from normlab.norms.nonorm import NoNorm
 from normlab.norms.registry import (
-    NormSpec,
     NormTraits,
     available_norms,
+    build_norm,
     canonical_name,
     create_norm,
-    norm_from_config,
-    norm_keywords,
+    norm_class,
+    norm_name,
+    norm_partial,
     norm_traits,
     norms_with,
     register_norm,
-    spec_name,
-    spec_traits,
 )
 from normlab.norms.rmsnorm import PRMSNorm, RMSNorm, RMSNormFunction
 
@@ -42,20 +42,19 @@ __all__ = [
     "NoNorm",
     "Norm",
     "NormConfigError",
-    "NormSpec",
     "NormTraits",
     "PRMSNorm",
     "RMSNorm",
     "RMSNormFunction",
     "available_norms",
+    "build_norm",
     "canonical_name",
     "create_norm",
     "fold_batchnorm",
-    "norm_from_config",
-    "norm_keywords",
+    "norm_class",
+    "norm_name",
+    "norm_partial",
     "norm_traits",
     "norms_with",
     "register_norm",
-    "spec_name",
-    "spec_traits",
 ]

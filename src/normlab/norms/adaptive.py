@@ -16,35 +16,24 @@ whether a residual gate is regressed too, and how the regression starts:
 for a layer without one, so the block is `x + gate * F(h)`; `forward` returns h alone for an
 ungated layer and (h, gate) for a gated one.
 
-The base norm comes from the registry (`norm_from_config`). In DiT's layers its affine is
-switched off through the keyword its family names (`affine_key`, a trait of the class): the
-regressed shift/scale replace it. ADM's ScaleShiftNorm keeps the GroupNorm's
+The base norm is a norm layer (a callable width -> module, `build_norm`). In DiT's layers its
+affine is switched off through the keyword its family names (`affine_key`, a trait of the
+class): the regressed shift/scale replace it. ADM's ScaleShiftNorm keeps the GroupNorm's
 own affine (guided-diffusion's `normalization()` is a plain affine GroupNorm), computes it in
 fp32 and regresses its chunks in the order (scale, shift).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from types import MappingProxyType
-from typing import Any
+import functools
 
 import torch
 from torch import nn
 
-from normlab.norms.registry import NormSpec, norm_from_config, spec_traits
-
-LAYERNORM: Mapping[str, Any] = MappingProxyType({"name": "layernorm"})  # the default base norm
-
-
-def plain_norm(norm: NormSpec, num_features: int, channel_dim: int | None = None) -> nn.Module:
-    """The norm spec `norm` for `num_features`, a config's own affine parameters switched off
-    (through its family's `affine_key`); a family without one, or a callable (which takes the
-    width alone), is built as it is."""
-    traits = spec_traits(norm) if isinstance(norm, Mapping) else None
-    if traits is not None and traits.affine_key is not None:
-        norm = {**norm, traits.affine_key: False}
-    return norm_from_config(norm, num_features, channel_dim)
+from normlab.norms.groupnorm import GroupNorm
+from normlab.norms.layernorm import LayerNorm
+from normlab.norms.nonorm import NoNorm
+from normlab.norms.registry import NormLayer, build_norm, norm_traits
 
 
 def broadcast_to(t: torch.Tensor, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -71,7 +60,7 @@ class AdaptiveNorm(nn.Module):
         self,
         num_features: int,
         cond_dim: int,
-        norm: NormSpec = LAYERNORM,
+        norm: NormLayer = LayerNorm,
         dim: int = -1,
         activation: bool = True,
         gated: bool = False,
@@ -79,10 +68,10 @@ class AdaptiveNorm(nn.Module):
         norm_affine: bool = False,
     ) -> None:
         super().__init__()
-        if norm_affine:  # the base norm keeps its own affine (ADM)
-            self.norm = norm_from_config(norm, num_features, dim)
-        else:  # the regressed shift/scale replace it (DiT)
-            self.norm = plain_norm(norm, num_features, dim)
+        traits = None if norm_affine else norm_traits(norm)  # ADM: the norm keeps its affine
+        if traits is not None and traits.affine_key is not None:  # DiT: the regressed shift and
+            norm = functools.partial(norm, **{traits.affine_key: False})  # scale replace it
+        self.norm = build_norm(norm, num_features, dim)
         self.dim = dim
         self.gated = gated
         self.zero_init = zero_init
@@ -136,7 +125,7 @@ class AdaLN(AdaptiveNorm):
         self,
         num_features: int,
         cond_dim: int,
-        norm: NormSpec = LAYERNORM,
+        norm: NormLayer = LayerNorm,
         zero_init: bool = False,
     ) -> None:
         super().__init__(num_features, cond_dim, norm, dim=-1, zero_init=zero_init)
@@ -145,7 +134,7 @@ class AdaLN(AdaptiveNorm):
 class AdaLNZero(AdaptiveNorm):
     """adaLN-Zero: AdaLN plus a residual gate; zero-init regression: a block starts as identity."""
 
-    def __init__(self, num_features: int, cond_dim: int, norm: NormSpec = LAYERNORM) -> None:
+    def __init__(self, num_features: int, cond_dim: int, norm: NormLayer = LayerNorm) -> None:
         super().__init__(num_features, cond_dim, norm, dim=-1, gated=True, zero_init=True)
 
 
@@ -153,7 +142,7 @@ class FiLM(AdaptiveNorm):
     """FiLM: gamma(z) * x + beta(z) with linear gamma, beta; gamma = 1 + dgamma as in the paper."""
 
     def __init__(self, num_features: int, cond_dim: int, dim: int = 1) -> None:
-        super().__init__(num_features, cond_dim, {"name": "none"}, dim=dim, activation=False)
+        super().__init__(num_features, cond_dim, NoNorm, dim=dim, activation=False)
 
 
 class ScaleShiftNorm(AdaptiveNorm):
@@ -172,7 +161,7 @@ class ScaleShiftNorm(AdaptiveNorm):
         num_groups: int = 32,
         eps: float = 1e-5,
     ) -> None:
-        norm = {"name": "groupnorm", "num_groups": num_groups, "eps": eps}
+        norm = functools.partial(GroupNorm, num_groups=num_groups, eps=eps)
         super().__init__(num_channels, cond_dim, norm, dim=1, norm_affine=True)
 
     def norm_and_gate(self, x: torch.Tensor, emb: torch.Tensor) -> tuple[torch.Tensor, float]:

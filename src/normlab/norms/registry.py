@@ -1,20 +1,24 @@
-"""Build any norm by name: one registry, one argument convention, traits read from the class.
+"""Build any norm by name or from a partial: one registry, one argument convention, traits read
+from the class.
 
 A family joins the registry with `@register_norm("name", aliases=(...))` (the built-in ones in
-their own modules, a user's in theirs: see conf/train.yaml's `plugins`). `create_norm(name,
-num_features, ...)` builds it with the number of features first, as every family takes it.
-What a model needs to know about a family is read from its class by `norm_traits`: a Norm
-declares it once (defaults on `Norm`), a plain nn.Module gets the conservative defaults below.
-
-Models take a norm spec (`NormSpec`): a norm config (the family's name and its keywords, built
-by `norm_from_config`) or any callable from a width to a module (a class such as timm's RmsNorm,
-a partial, a function), called with the width alone on the layout the model feeds it.
+their own modules, a user's in theirs: see conf/train.yaml's `plugins`). Models take a norm
+layer: a callable from the width to a module, called with the width (timm's `norm_layer`):
+a norm config is `_target_: normlab.norms.<Class>` with `_partial_: true` and its keywords, which
+Hydra makes a `functools.partial` of the class. `build_norm(norm_layer, width, channel_dim)` is
+how a model calls it: the keywords of a normlab-known class checked, its layout matched.
+`create_norm(name, num_features, ...)` builds a registered name with the number of features
+first, as every family takes it. What a model needs to know about a norm is read from its class
+by `norm_traits` (a partial's `func`): a Norm declares it once (defaults on `Norm`), a
+registered plain nn.Module gets the conservative defaults below.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -25,7 +29,7 @@ from normlab.norms.base import NormConfigError
 _NORMS: dict[str, type[nn.Module]] = {}  # canonical name -> class
 _ALIASES: dict[str, str] = {}  # alias -> canonical name
 M = TypeVar("M", bound=type[nn.Module])
-NormSpec = Mapping[str, Any] | Callable[[int], nn.Module]
+NormLayer = Callable[[int], nn.Module]  # a model's norm: called with the width (timm's norm_layer)
 
 
 def _key(name: str) -> str:
@@ -97,12 +101,38 @@ class NormTraits:
     channel_dims: tuple[int, ...]  # where its input's features may be: 1 (N, C, *), -1 (..., D)
 
 
-def norm_traits(norm: str | type[nn.Module]) -> NormTraits:
-    """The traits of a registered name or a class. A class declares them as class attributes
-    (`Norm` holds the defaults); a plain nn.Module lacking them gets the conservative ones:
-    not tokenwise, not spatial, no affine key, no sync, features last unless it declares
-    `natural_channel_dim`. A class whose constructor takes `channel_dim` takes either layout."""
-    cls = norm if isinstance(norm, type) else _NORMS[canonical_name(norm)]
+def norm_class(norm: Any) -> type | None:
+    """The class a norm is an instance of: a registered name's, a class itself, a partial's
+    `func` (however nested); None for another callable (a function, a lambda)."""
+    if isinstance(norm, str):
+        return _NORMS[canonical_name(norm)]
+    while isinstance(norm, functools.partial):
+        norm = norm.func
+    return norm if isinstance(norm, type) else None
+
+
+def norm_name(norm: Any) -> str:
+    """A norm as configs and messages name it: the registered name of its class, else the
+    class's or the callable's own name."""
+    cls = norm_class(norm)
+    known = [name for name, registered in _NORMS.items() if registered is cls]
+    if known:
+        return known[0]
+    return getattr(cls or norm, "__qualname__", None) or repr(norm)
+
+
+def norm_traits(norm: Any) -> NormTraits | None:
+    """The traits of a registered name, a class or a partial of one, read from the class: it
+    declares them as class attributes (`Norm` holds the defaults); a registered plain nn.Module
+    lacking them gets the conservative ones: not tokenwise, not spatial, no affine key, no sync,
+    features last unless it declares `natural_channel_dim`. A class whose constructor takes
+    `channel_dim` takes either layout. None: a class neither registered nor declaring traits
+    (timm's RmsNorm), or a function: nothing is known, the models' checks pass it, and the
+    run's pre-flight forward pass is where a misfit fails."""
+    cls = norm_class(norm)
+    registered = cls is not None and cls in _NORMS.values()
+    if cls is None or not (registered or hasattr(cls, "tokenwise")):
+        return None
     takes_layout = "channel_dim" in inspect.signature(cls).parameters
     return NormTraits(
         tokenwise=bool(getattr(cls, "tokenwise", False)),
@@ -118,92 +148,100 @@ def norms_with(trait: str, value: object = True) -> list[str]:
     return [n for n in available_norms() if getattr(norm_traits(n), trait) == value]
 
 
-def norm_keywords(name: str) -> list[str]:
-    """The keyword arguments the family `name` takes (besides its first, the number of features,
-    and channel_dim, which the model decides)."""
-    params = list(inspect.signature(_NORMS[canonical_name(name)]).parameters)
-    return [p for p in params[1:] if p != "channel_dim"]
-
-
-def create_norm(
-    name: str, num_features: int, channel_dim: int | Sequence[int] | None = None, **kwargs: object
-) -> nn.Module:
-    """Build the norm `name` for `num_features` features.
-
-    Keyword arguments are the family's own (torch's names: eps, momentum, affine, ..., plus impl,
-    p, and sync for the families that can sync); anything else raises NormConfigError naming the
-    valid ones. `channel_dim` says where the caller's features are: 1 for (N, C, *spatial), -1
-    for (..., D), or a tuple of positions that are the same dim (an fc layer's (N, C): (1, -1)),
-    the first the family takes being used; it is passed to a constructor that takes it, and a
-    family fixed to another layout raises NormConfigError. None: the family's own layout.
-    """
-    key = canonical_name(name)
-    cls, traits = _NORMS[key], norm_traits(key)
-    valid = norm_keywords(key)
+def _check_keywords(cls: type, name: str, traits: NormTraits, kwargs: dict[str, Any]) -> None:
+    """Raise NormConfigError for a keyword the class does not take (naming the valid ones: its
+    constructor's but the first, the number of features, and channel_dim, the model's)."""
+    params = list(inspect.signature(cls).parameters)
+    valid = [p for p in params[1:] if p != "channel_dim"]
     if "sync" in kwargs and not traits.syncable:
         raise NormConfigError(
-            f"{key}: sync={kwargs['sync']!r} is only supported by "
+            f"{name}: sync={kwargs['sync']!r} is only supported by "
             f"{', '.join(norms_with('syncable'))}"
         )
     unknown = sorted(set(kwargs) - set(valid))
     if unknown:
         raise NormConfigError(
-            f"{key}: unknown argument(s) {', '.join(unknown)}; valid: {', '.join(valid)}"
+            f"{name}: unknown argument(s) {', '.join(unknown)}; valid: {', '.join(valid)}"
         )
-    if channel_dim is not None:
-        wanted = (channel_dim,) if isinstance(channel_dim, int) else tuple(channel_dim)
-        if not wanted or any(d not in (1, -1) or isinstance(d, bool) for d in wanted):
-            raise NormConfigError(f"{key}: channel_dim must be 1 or -1, got {channel_dim!r}")
-        fits = [d for d in wanted if d in traits.channel_dims]
-        if not fits:
-            raise NormConfigError(
-                f"{key} takes its features at dim {traits.channel_dims[0]} and these are at dim "
-                f"{' / '.join(map(str, wanted))} (declare natural_channel_dim on the class, or "
-                "take a channel_dim constructor argument)"
-            )
-        if len(traits.channel_dims) > 1:
-            kwargs["channel_dim"] = fits[0]
-    return cls(num_features, **kwargs)
 
 
-def spec_traits(spec: NormSpec) -> NormTraits | None:
-    """What a model can know of a norm spec before building it: a config's family's traits, the
-    traits a class declares (`norm_traits`; a normlab `Norm` does), or None: a config without a
-    name (`norm_from_config` then names what is missing) or a callable that declares none (a
-    plain class such as timm's RmsNorm, a partial, a function). Of those nothing is known: the
-    model's checks pass them, and the run's pre-flight forward pass is where a misfit fails."""
-    if isinstance(spec, Mapping):
-        name = spec.get("name")
-        return None if name is None else norm_traits(str(name))
-    declares = isinstance(spec, type) and hasattr(spec, "tokenwise")
-    return norm_traits(spec) if declares else None
+def _layout(name: str, traits: NormTraits, channel_dim: int | Sequence[int]) -> dict[str, int]:
+    """The channel_dim keyword for a model's layout (none for a family of one layout), or
+    NormConfigError when the family cannot take it."""
+    wanted = (channel_dim,) if isinstance(channel_dim, int) else tuple(channel_dim)
+    if not wanted or any(d not in (1, -1) or isinstance(d, bool) for d in wanted):
+        raise NormConfigError(f"{name}: channel_dim must be 1 or -1, got {channel_dim!r}")
+    fits = [d for d in wanted if d in traits.channel_dims]
+    if not fits:
+        raise NormConfigError(
+            f"{name} takes its features at dim {traits.channel_dims[0]} and these are at dim "
+            f"{' / '.join(map(str, wanted))} (declare natural_channel_dim on the class, or "
+            "take a channel_dim constructor argument)"
+        )
+    return {"channel_dim": fits[0]} if len(traits.channel_dims) > 1 else {}
 
 
-def spec_name(spec: NormSpec) -> str:
-    """A norm spec as error messages name it: the config's family, or the callable's name."""
-    if isinstance(spec, Mapping):
-        return str(spec.get("name"))
-    return getattr(spec, "__qualname__", None) or repr(spec)
+def _keywords(norm_layer: Any) -> dict[str, Any]:
+    """The keywords a (possibly nested) partial passes its class, the outer ones last."""
+    if not isinstance(norm_layer, functools.partial):
+        return {}
+    return {**_keywords(norm_layer.func), **norm_layer.keywords}
 
 
-def norm_from_config(
-    cfg: NormSpec,
+def build_norm(
+    norm_layer: Callable[..., nn.Module],
     num_features: int,
     channel_dim: int | Sequence[int] | None = None,
 ) -> nn.Module:
-    """Build a norm spec for `num_features`: a config as `create_norm(cfg["name"], num_features,
-    **rest of cfg)` (None values passed through), a callable as `cfg(num_features)` (it takes
-    its input as the model lays it out: `channel_dim` says where, and is not passed)."""
-    if not isinstance(cfg, Mapping):
-        if not callable(cfg):
-            raise NormConfigError(
-                f"a norm spec is a config mapping or a callable width -> nn.Module, got {cfg!r}"
-            )
-        module = cfg(num_features)
-        if not isinstance(module, nn.Module):
-            raise NormConfigError(f"norm {spec_name(cfg)}({num_features}) gave {module!r}")
-        return module
-    if "name" not in cfg:
-        raise NormConfigError(f"norm config needs a 'name' key, got keys {sorted(cfg)}")
-    kwargs = {str(k): v for k, v in cfg.items() if k != "name"}
-    return create_norm(str(cfg["name"]), num_features, channel_dim=channel_dim, **kwargs)
+    """`norm_layer(num_features)`, the norm a model puts on `num_features` features.
+
+    Of a class with traits (`norm_traits`; a partial of one, as a norm config makes), the
+    keywords are checked (NormConfigError naming the valid ones) and `channel_dim` says where
+    the model's features are: 1 for (N, C, *spatial), -1 for (..., D), or a tuple of positions
+    that are the same dim (an fc layer's (N, C): (1, -1)), the first the family takes being
+    passed to a constructor that takes it; a family fixed to another layout raises. Any other
+    callable takes its input as the model lays it out and is called with the width alone.
+    """
+    if not callable(norm_layer):
+        raise NormConfigError(
+            f"a norm layer is a callable width -> nn.Module (a class, a partial), "
+            f"got {norm_layer!r}"
+        )
+    traits, layout = norm_traits(norm_layer), {}
+    if traits is not None:
+        name = norm_name(norm_layer)
+        _check_keywords(norm_class(norm_layer), name, traits, _keywords(norm_layer))
+        layout = {} if channel_dim is None else _layout(name, traits, channel_dim)
+    module = norm_layer(num_features, **layout)
+    if not isinstance(module, nn.Module):
+        raise NormConfigError(f"norm {norm_name(norm_layer)}({num_features}) gave {module!r}")
+    return module
+
+
+def norm_partial(name: str, **kwargs: Any) -> functools.partial:
+    """functools.partial(the class registered as `name`, or at the class path `name`,
+    **kwargs), its keywords checked: conf/norm/custom.yaml's target (norm.name=meanonly)."""
+    if "." in name and _key(name) not in _NORMS and _key(name) not in _ALIASES:
+        module, _, attr = name.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as err:
+            raise NormConfigError(f"norm {name!r}: cannot import it: {err}") from None
+    else:
+        cls = norm_class(name)
+    layer = functools.partial(cls, **kwargs)
+    traits = norm_traits(layer)
+    if traits is not None:
+        _check_keywords(cls, norm_name(cls), traits, kwargs)
+    return layer
+
+
+def create_norm(
+    name: str, num_features: int, channel_dim: int | Sequence[int] | None = None, **kwargs: object
+) -> nn.Module:
+    """Build the registered norm `name` for `num_features` features: `build_norm` of
+    functools.partial(its class, **kwargs). Keyword arguments are the family's own (torch's
+    names: eps, momentum, affine, ..., plus impl, p, and sync for the families that can sync);
+    anything else raises NormConfigError naming the valid ones. None `channel_dim`: the
+    family's own layout."""
+    return build_norm(functools.partial(norm_class(name), **kwargs), num_features, channel_dim)

@@ -25,30 +25,24 @@ import torch
 from torch import nn
 
 from normlab.errors import ConfigError
-from normlab.norms import (
-    NormConfigError,
-    NormSpec,
-    norm_from_config,
-    norms_with,
-    spec_name,
-    spec_traits,
-)
+from normlab.norms import NormConfigError, build_norm, norm_name, norm_traits, norms_with
+from normlab.norms.registry import NormLayer
 
 DEEPNORM_ARCHS = ("encoder", "decoder", "encoder_decoder")
 
 
-def tokenwise_norm(norm_cfg: NormSpec, d_model: int, placement: str) -> nn.Module:
+def tokenwise_norm(norm_layer: NormLayer, d_model: int, placement: str) -> nn.Module:
     """Build the configured norm for a (B, T, D) stream; reject norms that mix positions."""
-    traits = spec_traits(norm_cfg)
+    traits = norm_traits(norm_layer)
     if traits is not None and not traits.tokenwise:
-        name = spec_name(norm_cfg)
+        name = norm_name(norm_layer)
         raise NormConfigError(
             f"norm={name} cannot sit in placement={placement}: a Transformer block normalises "
             f"each token over its {d_model} features, and {name} would take statistics across "
             "positions (future tokens in a causal model). "
             f"Use {', '.join(norms_with('tokenwise'))}"
         )
-    return norm_from_config(norm_cfg, d_model, channel_dim=-1)  # (B, T, D): features last
+    return build_norm(norm_layer, d_model, channel_dim=-1)  # (B, T, D): features last
 
 
 def deepnorm_constants(
@@ -98,13 +92,13 @@ class Residual(nn.Module):
     needs_final_norm: ClassVar[bool] = False  # the residual stream leaves the last block unnormed
     init_gain: float = 1.0  # xavier gain of the branch's value path (DeepNorm: beta)
 
-    def __init__(self, sublayer: nn.Module, d_model: int, norm_cfg: NormSpec) -> None:
+    def __init__(self, sublayer: nn.Module, d_model: int, norm_layer: NormLayer) -> None:
         super().__init__()
         self.sublayer = sublayer
 
     @classmethod
     def stack_kwargs(cls, cfg: Mapping[str, Any], depth: int) -> dict[str, Any]:
-        """The keywords (beyond sublayer, d_model, norm_cfg) of this placement in every block
+        """The keywords (beyond sublayer, d_model, norm_layer) of this placement in every block
         of a stack of `depth` blocks, from its config (`placement=...`); none by default."""
         return {}
 
@@ -121,9 +115,9 @@ class PostNorm(Residual):
 
     name = "post"
 
-    def __init__(self, sublayer: nn.Module, d_model: int, norm_cfg: NormSpec) -> None:
-        super().__init__(sublayer, d_model, norm_cfg)
-        self.norm = tokenwise_norm(norm_cfg, d_model, self.name)
+    def __init__(self, sublayer: nn.Module, d_model: int, norm_layer: NormLayer) -> None:
+        super().__init__(sublayer, d_model, norm_layer)
+        self.norm = tokenwise_norm(norm_layer, d_model, self.name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.norm(x + self.sublayer(x))  # (B, T, D)
@@ -135,9 +129,9 @@ class PreNorm(Residual):
     name = "pre"
     needs_final_norm = True
 
-    def __init__(self, sublayer: nn.Module, d_model: int, norm_cfg: NormSpec) -> None:
-        super().__init__(sublayer, d_model, norm_cfg)
-        self.norm = tokenwise_norm(norm_cfg, d_model, self.name)
+    def __init__(self, sublayer: nn.Module, d_model: int, norm_layer: NormLayer) -> None:
+        super().__init__(sublayer, d_model, norm_layer)
+        self.norm = tokenwise_norm(norm_layer, d_model, self.name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.sublayer(self.norm(x))  # (B, T, D)
@@ -158,17 +152,17 @@ class DeepNorm(Residual):
         self,
         sublayer: nn.Module,
         d_model: int,
-        norm_cfg: NormSpec,
+        norm_layer: NormLayer,
         alpha: float,
         beta: float = 1.0,
     ) -> None:
-        super().__init__(sublayer, d_model, norm_cfg)
+        super().__init__(sublayer, d_model, norm_layer)
         for key, value in (("alpha", alpha), ("beta", beta)):
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"deepnorm: {key} must be a positive number, got {value!r}")
         self.alpha = float(alpha)
         self.beta = self.init_gain = float(beta)
-        self.norm = tokenwise_norm(norm_cfg, d_model, self.name)
+        self.norm = tokenwise_norm(norm_layer, d_model, self.name)
 
     @classmethod
     def stack_kwargs(cls, cfg: Mapping[str, Any], depth: int) -> dict[str, Any]:
@@ -196,10 +190,10 @@ class SandwichNorm(Residual):
     name = "sandwich"
     needs_final_norm = True
 
-    def __init__(self, sublayer: nn.Module, d_model: int, norm_cfg: NormSpec) -> None:
-        super().__init__(sublayer, d_model, norm_cfg)
-        self.norm_in = tokenwise_norm(norm_cfg, d_model, self.name)
-        self.norm_out = tokenwise_norm(norm_cfg, d_model, self.name)
+    def __init__(self, sublayer: nn.Module, d_model: int, norm_layer: NormLayer) -> None:
+        super().__init__(sublayer, d_model, norm_layer)
+        self.norm_in = tokenwise_norm(norm_layer, d_model, self.name)
+        self.norm_out = tokenwise_norm(norm_layer, d_model, self.name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.norm_out(self.sublayer(self.norm_in(x)))  # (B, T, D)
@@ -237,12 +231,16 @@ def placement_class(placement: str) -> type[Residual]:
 
 
 def create_residual(
-    placement: str, sublayer: nn.Module, d_model: int, norm_cfg: NormSpec, **kw: Any
+    placement: str,
+    sublayer: nn.Module,
+    d_model: int,
+    norm_layer: NormLayer,
+    **kw: Any,
 ) -> Residual:
-    """Wrap `sublayer` in the named placement, norms from `norm_cfg` (deepnorm needs alpha=;
+    """Wrap `sublayer` in the named placement, norms from `norm_layer` (deepnorm needs alpha=;
     a model gets every keyword of a placement from `placement_class(name).stack_kwargs`)."""
     cls = placement_class(placement)
     try:
-        return cls(sublayer, d_model, norm_cfg, **kw)
+        return cls(sublayer, d_model, norm_layer, **kw)
     except TypeError as err:
         raise ValueError(f"placement={cls.name}: bad arguments {sorted(kw)}: {err}") from err
