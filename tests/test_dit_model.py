@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from conftest import REPO
 from omegaconf import OmegaConf
 
-from normlab.models.dit import BLOCKS, Modulation, dit
+from normlab.models.dit import BLOCKS, Modulation, build_dit
 from normlab.norms import NormConfigError
 
 LN = {"name": "layernorm", "eps": 1e-5, "elementwise_affine": True, "bias": True, "impl": "fast"}
@@ -20,7 +20,7 @@ SIZES = REPO / "conf" / "size" / "dit"  # the named shapes: size=dit/<name>
 
 def tiny_dit(conditioning="adaln_zero", **kw):
     torch.manual_seed(0)
-    return dit(LN, conditioning=conditioning, class_dropout=0.0, **TINY, **kw)
+    return build_dit(LN, conditioning=conditioning, class_dropout=0.0, **TINY, **kw)
 
 
 def batch(seed=0):
@@ -192,7 +192,7 @@ def test_unpatchify_inverts_row_major_patches():
 
 def test_label_dropout_only_in_training():
     torch.manual_seed(0)
-    net = dit(LN, class_dropout=1.0, **TINY)
+    net = build_dit(LN, class_dropout=1.0, **TINY)
     y = torch.arange(B) % 10
     null = net.y_embedder.table.weight[net.null_class]
     net.train()
@@ -215,25 +215,25 @@ def test_size_presets_are_consistent_and_tiny_is_the_default():
     tiny = OmegaConf.load(presets["tiny"])
     model_yaml = OmegaConf.load(REPO / "conf" / "model" / "dit.yaml").net
     assert all(model_yaml[k] == v for k, v in tiny.items())  # conf/model/dit.yaml is tiny
-    net = dit(LN)  # the builder's defaults: the same tiny shape
+    net = build_dit(LN)  # the builder's defaults: the same tiny shape
     assert (len(net.blocks), net.x_embedder.proj.out_channels, net.patch_size) == (4, 96, 4)
     assert net(*batch()).shape == (B, 1, 28, 28)
 
 
 def test_rmsnorm_base():
-    net = dit({"name": "rmsnorm", "eps": None}, **TINY)
+    net = build_dit({"name": "rmsnorm", "eps": None}, **TINY)
     assert net(*batch()).shape == (B, 1, 28, 28)
 
 
 def test_bad_configs_fail_with_the_reason():
     with pytest.raises(ValueError, match="^conditioning='concat' is not one of"):
-        dit(LN, conditioning="concat")
+        build_dit(LN, conditioning="concat")
     with pytest.raises(ValueError, match="^depth must be a positive integer, got None$"):
-        dit(LN, **{**TINY, "depth": None})  # no null: the shape is always given
+        build_dit(LN, **{**TINY, "depth": None})  # no null: the shape is always given
     with pytest.raises(ValueError, match="^patch_size=8 does not divide input_size=28$"):
-        dit(LN, **{**TINY, "patch_size": 8})
+        build_dit(LN, **{**TINY, "patch_size": 8})
     with pytest.raises(NormConfigError, match="batchnorm"):
-        dit({"name": "batchnorm"}, **TINY)
+        build_dit({"name": "batchnorm"}, **TINY)
 
 
 def built_norms(net):
@@ -246,18 +246,18 @@ def test_every_norm_has_dits_eps_by_default(conditioning):
     norms = built_norms(tiny_dit(conditioning))  # LN's eps is 1e-5
     assert len(norms) >= 2 * 2 + 1
     assert all(m.eps == 1e-6 for m in norms)
-    rms = dit({"name": "rmsnorm", "eps": None}, conditioning=conditioning, **TINY)
+    rms = build_dit({"name": "rmsnorm", "eps": None}, conditioning=conditioning, **TINY)
     assert all(m.eps == 1e-6 for m in built_norms(rms))
 
 
 def test_norm_eps_null_keeps_the_norm_configs_eps():
     assert all(m.eps == 1e-5 for m in built_norms(tiny_dit(norm_eps=None)))
-    rms = dit({"name": "rmsnorm", "eps": None}, norm_eps=None, **TINY)
+    rms = build_dit({"name": "rmsnorm", "eps": None}, norm_eps=None, **TINY)
     assert all(m.eps is None for m in built_norms(rms))
 
 
 def test_norm_eps_skips_a_norm_without_eps():
-    net = dit({"name": "none"}, **TINY)  # `none` takes no eps: nothing to set
+    net = build_dit({"name": "none"}, **TINY)  # `none` takes no eps: nothing to set
     assert built_norms(net) == [] and net(*batch()).shape == (B, 1, 28, 28)
 
 
@@ -279,8 +279,8 @@ def test_zero_init_false_keeps_xavier_on_the_regressions_and_the_final_layer():
 
     torch.manual_seed(0)
     zero, plain = (
-        dit(hidden_size=32, depth=2, num_heads=2),
-        dit(hidden_size=32, depth=2, num_heads=2, zero_init=False),
+        build_dit(hidden_size=32, depth=2, num_heads=2),
+        build_dit(hidden_size=32, depth=2, num_heads=2, zero_init=False),
     )
     for model, zeroed in ((zero, True), (plain, False)):
         linears = [m[1] for m in model.modules() if isinstance(m, Modulation)]
@@ -299,8 +299,8 @@ def test_zero_init_false_keeps_xavier_on_the_regressions_and_the_final_layer():
 
 
 def test_the_dit_takes_its_norm_as_a_callable_of_the_width():
-    """DiT(norm_layer) with torch's LayerNorm as DiT's code builds it is the model dit() builds
-    from the layernorm config: the same parameters from the same seed, the same output."""
+    """DiT(norm_layer) with torch's LayerNorm as DiT's code builds it is the model build_dit()
+    builds from the layernorm config: the same parameters from the same seed, the same output."""
     from functools import partial
 
     from torch import nn

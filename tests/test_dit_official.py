@@ -13,7 +13,7 @@ import torch
 from timm.layers import Attention, Mlp, PatchEmbed
 from torch import nn
 
-from normlab.models.dit import DiT, TimestepEmbedder, dit, from_official_state_dict, sincos_2d
+from normlab.models.dit import DiT, TimestepEmbedder, build_dit, from_official_state_dict, sincos_2d
 
 TINY = {"input_size": 28, "in_channels": 1, "hidden_size": 96, "depth": 2, "num_heads": 4,
         "patch_size": 4, "num_classes": 10}  # fmt: skip
@@ -198,9 +198,9 @@ def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 DITS_LAYERNORM = partial(nn.LayerNorm, elementwise_affine=False, eps=1e-6)  # as DiT builds it
-OURS = {  # the official model here: DiT with torch's LayerNorm, or dit() from the config's keys
+OURS = {  # the official model here: DiT with torch's LayerNorm, or build_dit() from config keys
     "torch_layernorm": lambda: DiT(DITS_LAYERNORM, **TINY),
-    "config": lambda: dit(**TINY),  # conf/model/dit.yaml's defaults: layernorm, eps 1e-6
+    "config": lambda: build_dit(**TINY),  # conf/model/dit.yaml's defaults: layernorm, eps 1e-6
 }
 
 

@@ -7,7 +7,7 @@ import torch
 from hydra.utils import instantiate
 from torch.func import functional_call
 
-from normlab.models.dit import BLOCKS, dit
+from normlab.models.dit import BLOCKS, build_dit
 from normlab.models.transformer import GPT
 from normlab.norms import DyT, DyTFunction, NormConfigError, create_norm, norm_keywords
 from normlab.norms.residual import available_placements
@@ -210,7 +210,7 @@ def test_gpt_with_dyt_in_each_placement_trains_every_alpha(placement):
 @pytest.mark.parametrize("conditioning", ["adaln_zero", "adaln"])
 def test_dit_adaln_over_dyt_keeps_alpha_and_drops_the_affine(conditioning):
     torch.manual_seed(0)
-    net = dit(DYT, conditioning=conditioning, class_dropout=0.0,
+    net = build_dit(DYT, conditioning=conditioning, class_dropout=0.0,
               hidden_size=32, depth=2, num_heads=4, patch_size=4)  # fmt: skip
     assert all(type(b) is BLOCKS[conditioning] for b in net.blocks)
     dyts = [n for b in net.blocks for n in (b.norm1, b.norm2)] + [net.final_layer.norm_final]

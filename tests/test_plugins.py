@@ -16,8 +16,7 @@ from torch import nn
 
 from normlab import config
 from normlab.errors import ConfigError
-from normlab.models.dit import DiT, DiTBlock
-from normlab.models.dit import dit as build_dit
+from normlab.models.dit import DiT, DiTBlock, build_dit
 from normlab.models.lenet import LeNet
 from normlab.models.lstm import LSTMLM
 from normlab.models.mlp import MLP

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from hydra.utils import instantiate
 from torch import nn
 
-from normlab.models.dit import dit as build_dit
+from normlab.models.dit import build_dit
 from normlab.models.transformer import GPT
 from normlab.norms import LayerNorm, NormConfigError, RMSNorm
 from normlab.norms.qknorm import check_qk_norm

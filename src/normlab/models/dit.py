@@ -15,8 +15,8 @@ guidance). `conditioning` picks the block class, one per way the blocks see it:
                 dropped before the final layer
 
 The DiT takes its norms as callables, `norm_layer(D)` and `qk_norm_layer(head_dim)` (QK-norm of
-each head's queries and keys, self- and cross-attention; None: plain attention). `dit()` builds
-the DiT of conf/model/dit.yaml from norm configs: `norm` (a family whose class declares
+each head's queries and keys, self- and cross-attention; None: plain attention). `build_dit()`
+builds the DiT of conf/model/dit.yaml from norm configs: `norm` (a family whose class declares
 `tokenwise`: it acts on each token over its last axis), `norm_eps` (DiT's 1e-6, as its
 LayerNorms, in place of the config's eps; None keeps it) and `qk_norm` (a tokenwise family).
 """
@@ -182,8 +182,9 @@ class Modulation(nn.Sequential):
 class DiTBlock(nn.Module):
     """adaLN-Zero block: each branch's norm shifted and scaled by c, its output gated by c.
 
-    DiT's block, with its one regression of six chunks held as one per branch (adaLN_msa,
-    adaLN_mlp: the same rows in the same order; from_official_state_dict splits DiT's)."""
+    DiT's block, its one regression of six chunks held as one per branch (adaLN_msa, adaLN_mlp:
+    the same rows in the same order; from_official_state_dict splits DiT's). Two matmuls, not
+    one: the gradient of c sums in the order the measured runs summed it."""
 
     chunks = 3  # shift, scale, gate of each branch
     zero_init = True  # the regressions start at zero: the block starts as the identity
@@ -431,7 +432,7 @@ class DiT(nn.Module):
         return self.unpatchify(self.final_layer(x, c))  # (B, C, H, W)
 
 
-def dit(
+def build_dit(
     norm: NormSpec = LAYERNORM,
     conditioning: str = "adaln_zero",
     input_size: int = 28,
@@ -481,7 +482,7 @@ OFFICIAL_KEYS = {  # official DiT (facebookresearch/DiT models.py) name -> this 
 
 def from_official_state_dict(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """An official DiT state dict (facebookresearch/DiT models.py) in this DiT's keys, for
-    `dit(conditioning="adaln_zero", norm=layernorm)` of the same shape (the official model).
+    `build_dit(conditioning="adaln_zero", norm=layernorm)` of the same shape (the official model).
 
     - `y_embedder.embedding_table` -> `y_embedder.table`;
     - `blocks.N.adaLN_modulation.1` regresses 6 chunks of D rows, (shift_msa, scale_msa,
