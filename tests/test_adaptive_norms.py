@@ -88,22 +88,6 @@ def test_adaln_zero_gate_is_the_third_chunk():
     torch.testing.assert_close(gate, g[:, None])
 
 
-def test_norm_and_gate_is_one_interface_for_a_residual_branch():
-    # (h, gate) for every adaptive norm: adaLN-Zero's regressed gate, 1 for an ungated layer
-    x, c = torch.randn(B, T, D), torch.randn(B, 4)
-    zero, plain = AdaLNZero(D, 4), AdaLN(D, 4)
-    randomize(zero)
-    h, gate = zero.norm_and_gate(x, c)
-    expected_h, expected_gate = zero(x, c)
-    assert torch.equal(h, expected_h) and torch.equal(gate, expected_gate)
-    h, gate = plain.norm_and_gate(x, c)
-    assert torch.equal(h, plain(x, c)) and gate == 1
-    layer = ScaleShiftNorm(C, 4, num_groups=3)
-    feats = torch.randn(B, C, 5, 5)
-    h, gate = layer.norm_and_gate(feats, c)
-    assert torch.equal(h, layer(feats, c)) and gate == 1
-
-
 def test_film_is_gamma_x_plus_beta():
     layer = FiLM(C, 4)
     randomize(layer)

@@ -137,6 +137,10 @@ ONE_LINE = [
     ("GPT QK-norm that is not one", ["model=transformer", "model.net.qk_norm=batchnorm"],
      r"error: model\.net\.qk_norm='batchnorm' is not a QK-norm \(one normalizing each head vector "
      r"over its own features\); valid: dyt, layernorm, none, prmsnorm, rmsnorm or null \(none\)"),
+    ("DiT depth zero", ["experiment=dit", "model.net.depth=0"],
+     r"error: model\.net\.depth must be a positive integer, got 0"),
+    ("DiT patches not tiling the image", ["experiment=dit", "model.net.patch_size=5"],
+     r"error: model\.net\.patch_size=5 does not divide model\.net\.input_size=28"),
     ("DiT QK-norm that is not one", ["experiment=dit", "model.net.qk_norm=ln2"],
      r"error: model\.net\.qk_norm='ln2' is not a QK-norm \(one normalizing each head vector "
      r"over its own features\); valid: dyt, layernorm, none, prmsnorm, rmsnorm or null \(none\)"),

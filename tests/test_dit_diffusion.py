@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from normlab.models.dit import DiT
+from normlab.models.dit import build_dit
 from normlab.norms import norm_partial
 from normlab.tasks.diffusion import DiffusionTask
 
@@ -15,7 +15,7 @@ OPTIM = {"optimizer": lambda params: torch.optim.AdamW(params, lr=1e-3)}
 
 def tiny_task(**kw):
     torch.manual_seed(0)
-    net = DiT(LN, hidden_size=32, depth=2, num_heads=4, patch_size=4, class_dropout=0.0)
+    net = build_dit(LN, hidden_size=32, depth=2, num_heads=4, patch_size=4, class_dropout=0.0)
     return DiffusionTask(net, OPTIM, ema_decay=0.5, ema_warmup=False, **kw)
 
 

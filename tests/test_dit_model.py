@@ -1,5 +1,5 @@
-"""The DiT model: adaLN-Zero identity at init, the four conditionings, the size presets, config
-errors."""
+"""The DiT model: adaLN-Zero identity at init, the four conditionings and their blocks, the size
+presets, config errors."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from conftest import REPO
 from omegaconf import OmegaConf
 
-from normlab.models.dit import CONDITIONINGS, DiT
+from normlab.models.dit import BLOCKS, DiT, Modulation, build_dit
 from normlab.norms import NormConfigError, norm_partial
 
 LN = norm_partial("layernorm", eps=1e-5, elementwise_affine=True, bias=True, impl="fast")
@@ -20,7 +20,7 @@ SIZES = REPO / "conf" / "size" / "dit"  # the named shapes: size=dit/<name>
 
 def tiny_dit(conditioning="adaln_zero", **kw):
     torch.manual_seed(0)
-    return DiT(LN, conditioning=conditioning, class_dropout=0.0, **TINY, **kw)
+    return build_dit(LN, conditioning=conditioning, class_dropout=0.0, **TINY, **kw)
 
 
 def batch(seed=0):
@@ -76,7 +76,7 @@ def test_adaln_zero_leaves_identity_after_training_steps():
     assert not any(torch.equal(i, o) for i, o in pairs)
 
 
-@pytest.mark.parametrize("conditioning", CONDITIONINGS)
+@pytest.mark.parametrize("conditioning", BLOCKS)
 def test_conditioning_shapes_and_label_effect(conditioning):
     net = tiny_dit(conditioning)
     x, t, y = batch()
@@ -91,13 +91,17 @@ def test_conditioning_shapes_and_label_effect(conditioning):
     assert not torch.allclose(out_a, out_null)
 
 
-def test_cross_attn_and_in_context_use_plain_norms():
-    from normlab.norms.adaptive import AdaptiveNorm
-
-    for conditioning in ("cross_attn", "in_context"):
-        net = tiny_dit(conditioning)
-        assert not any(isinstance(m, AdaptiveNorm) for m in net.modules())
-    assert sum(isinstance(m, AdaptiveNorm) for m in tiny_dit("adaln").modules()) == 2 * 2 + 1
+@pytest.mark.parametrize("conditioning", BLOCKS)
+def test_the_conditioning_picks_the_block_and_only_adaln_regresses(conditioning):
+    net = tiny_dit(conditioning)
+    assert all(type(block) is BLOCKS[conditioning] for block in net.blocks)
+    regressions = [m for m in net.modules() if isinstance(m, Modulation)]
+    if conditioning in ("cross_attn", "in_context"):  # plain norms, with their own affine
+        assert regressions == [] and net.final_layer.adaLN_modulation is None
+        assert all(b.norm1.weight is not None for b in net.blocks)
+    else:  # one regression a branch and the final norm's; the norms' affine switched off
+        assert len(regressions) == 2 * 2 + 1
+        assert all(b.norm1.weight is None and b.norm2.weight is None for b in net.blocks)
 
 
 def randomized(net):
@@ -115,25 +119,28 @@ def ln(norm, x):
     return F.layer_norm(x, x.shape[-1:], norm.weight, norm.bias, eps=1e-6)
 
 
-def regressed(adaptive, c):
-    """The chunks (shift, scale[, gate]) of an adaptive norm, Linear(SiLU(c)), each (B, 1, D)."""
-    lin = adaptive.modulation[1]
-    return [
-        t[:, None] for t in (F.silu(c) @ lin.weight.T + lin.bias).chunk(adaptive.num_chunks, -1)
-    ]
+def regressed(modulation, c, chunks):
+    """The chunks (shift, scale[, gate]) a regression Linear(SiLU(c)) gives, each (B, 1, D)."""
+    lin = modulation[1]
+    return [t[:, None] for t in (F.silu(c) @ lin.weight.T + lin.bias).chunk(chunks, -1)]
+
+
+def branches(block):
+    """(norm, regression, branch) of the attention and of the MLP."""
+    return (block.norm1, block.adaLN_msa, block.attn), (block.norm2, block.adaLN_mlp, block.mlp)
 
 
 def reference_block(conditioning, block, x, c, ctx):
     """DiT's block, one formula per conditioning (Peebles & Xie 2023, Fig. 3)."""
     if conditioning == "adaln_zero":  # x + gate * F(modulate(norm(x), shift, scale))
-        for norm, branch in ((block.norm1, block.attn), (block.norm2, block.mlp)):
-            shift, scale, gate = regressed(norm, c)
-            x = x + gate * branch(ln(norm.norm, x) * (1 + scale) + shift)
+        for norm, modulation, branch in branches(block):
+            shift, scale, gate = regressed(modulation, c, 3)
+            x = x + gate * branch(ln(norm, x) * (1 + scale) + shift)
         return x
     if conditioning == "adaln":  # x + F(modulate(norm(x), shift, scale))
-        for norm, branch in ((block.norm1, block.attn), (block.norm2, block.mlp)):
-            shift, scale = regressed(norm, c)
-            x = x + branch(ln(norm.norm, x) * (1 + scale) + shift)
+        for norm, modulation, branch in branches(block):
+            shift, scale = regressed(modulation, c, 2)
+            x = x + branch(ln(norm, x) * (1 + scale) + shift)
         return x
     x = x + block.attn(ln(block.norm1, x))  # plain pre-norm block
     if conditioning == "cross_attn":
@@ -141,7 +148,7 @@ def reference_block(conditioning, block, x, c, ctx):
     return x + block.mlp(ln(block.norm2, x))
 
 
-@pytest.mark.parametrize("conditioning", CONDITIONINGS)
+@pytest.mark.parametrize("conditioning", BLOCKS)
 def test_each_block_and_the_model_are_their_formulas(conditioning):
     net = randomized(tiny_dit(conditioning)).eval()
     x, t, y = batch()
@@ -151,8 +158,9 @@ def test_each_block_and_the_model_are_their_formulas(conditioning):
     ctx = torch.randn(B, 2, D, generator=torch.Generator().manual_seed(6))
     block = net.blocks[0]
     with torch.no_grad():
+        cond = {"cross_attn": ctx, "in_context": None}.get(conditioning, c)  # what it reads
         torch.testing.assert_close(
-            block(tokens, c, ctx), reference_block(conditioning, block, tokens, c, ctx)
+            block(tokens, cond), reference_block(conditioning, block, tokens, c, ctx)
         )
         # the model: how t and y reach the blocks and which tokens reach the final layer
         h = net.x_embedder(x) + net.pos_embed
@@ -164,12 +172,12 @@ def test_each_block_and_the_model_are_their_formulas(conditioning):
         for block in net.blocks:
             h = reference_block(conditioning, block, h, c, ctx)
         h = h[:, 2:] if conditioning == "in_context" else h
-        final = net.final_layer.norm
+        final = net.final_layer
         if c is None:
-            h = ln(final, h)
-        else:  # the final norm is an ungated AdaLN
-            shift, scale = regressed(final, c)
-            h = ln(final.norm, h) * (1 + scale) + shift
+            h = ln(final.norm_final, h)
+        else:  # the final norm is shifted and scaled by c, no gate
+            shift, scale = regressed(final.adaLN_modulation, c, 2)
+            h = ln(final.norm_final, h) * (1 + scale) + shift
         expected = net.unpatchify(net.final_layer.linear(h))
         torch.testing.assert_close(net(x, t, y), expected)
 
@@ -184,7 +192,7 @@ def test_unpatchify_inverts_row_major_patches():
 
 def test_label_dropout_only_in_training():
     torch.manual_seed(0)
-    net = DiT(LN, class_dropout=1.0, **TINY)
+    net = build_dit(LN, class_dropout=1.0, **TINY)
     y = torch.arange(B) % 10
     null = net.y_embedder.table.weight[net.null_class]
     net.train()
@@ -207,25 +215,25 @@ def test_size_presets_are_consistent_and_tiny_is_the_default():
     tiny = OmegaConf.load(presets["tiny"])
     model_yaml = OmegaConf.load(REPO / "conf" / "model" / "dit.yaml").net
     assert all(model_yaml[k] == v for k, v in tiny.items())  # conf/model/dit.yaml is tiny
-    net = DiT(LN)  # the constructor's defaults: the same tiny shape
+    net = build_dit(LN)  # the builder's defaults: the same tiny shape
     assert (len(net.blocks), net.x_embedder.proj.out_channels, net.patch_size) == (4, 96, 4)
     assert net(*batch()).shape == (B, 1, 28, 28)
 
 
 def test_rmsnorm_base():
-    net = DiT(norm_partial("rmsnorm", eps=None), **TINY)
+    net = build_dit(norm_partial("rmsnorm", eps=None), **TINY)
     assert net(*batch()).shape == (B, 1, 28, 28)
 
 
 def test_bad_configs_fail_with_the_reason():
     with pytest.raises(ValueError, match="^conditioning='concat' is not one of"):
-        DiT(LN, conditioning="concat")
+        build_dit(LN, conditioning="concat")
     with pytest.raises(ValueError, match="^depth must be a positive integer, got None$"):
-        DiT(LN, **{**TINY, "depth": None})  # no null: the shape is always given
+        build_dit(LN, **{**TINY, "depth": None})  # no null: the shape is always given
     with pytest.raises(ValueError, match="^patch_size=8 does not divide input_size=28$"):
-        DiT(LN, **{**TINY, "patch_size": 8})
+        build_dit(LN, **{**TINY, "patch_size": 8})
     with pytest.raises(NormConfigError, match="batchnorm"):
-        DiT(norm_partial("batchnorm"), **TINY)
+        build_dit(norm_partial("batchnorm"), **TINY)
 
 
 def built_norms(net):
@@ -233,23 +241,23 @@ def built_norms(net):
     return [m for m in net.modules() if getattr(m, "family", "none") != "none"]
 
 
-@pytest.mark.parametrize("conditioning", CONDITIONINGS)
+@pytest.mark.parametrize("conditioning", BLOCKS)
 def test_every_norm_has_dits_eps_by_default(conditioning):
     norms = built_norms(tiny_dit(conditioning))  # LN's eps is 1e-5
     assert len(norms) >= 2 * 2 + 1
     assert all(m.eps == 1e-6 for m in norms)
-    rms = DiT(norm_partial("rmsnorm", eps=None), conditioning=conditioning, **TINY)
+    rms = build_dit(norm_partial("rmsnorm", eps=None), conditioning=conditioning, **TINY)
     assert all(m.eps == 1e-6 for m in built_norms(rms))
 
 
 def test_norm_eps_null_keeps_the_norm_configs_eps():
     assert all(m.eps == 1e-5 for m in built_norms(tiny_dit(norm_eps=None)))
-    rms = DiT(norm_partial("rmsnorm", eps=None), norm_eps=None, **TINY)
+    rms = build_dit(norm_partial("rmsnorm", eps=None), norm_eps=None, **TINY)
     assert all(m.eps is None for m in built_norms(rms))
 
 
 def test_norm_eps_skips_a_norm_without_eps():
-    net = DiT(norm_partial("none"), **TINY)  # `none` takes no eps: nothing to set
+    net = build_dit(norm_partial("none"), **TINY)  # `none` takes no eps: nothing to set
     assert built_norms(net) == [] and net(*batch()).shape == (B, 1, 28, 28)
 
 
@@ -269,16 +277,13 @@ def test_zero_init_false_keeps_xavier_on_the_regressions_and_the_final_layer():
     layer: those Linears keep the xavier-uniform init every other Linear gets."""
     import math
 
-    from normlab.models.dit import DiT
-    from normlab.norms.adaptive import AdaptiveNorm
-
     torch.manual_seed(0)
     zero, plain = (
-        DiT(hidden_size=32, depth=2, num_heads=2),
-        DiT(hidden_size=32, depth=2, num_heads=2, zero_init=False),
+        build_dit(hidden_size=32, depth=2, num_heads=2),
+        build_dit(hidden_size=32, depth=2, num_heads=2, zero_init=False),
     )
     for model, zeroed in ((zero, True), (plain, False)):
-        linears = [m.modulation[1] for m in model.modules() if isinstance(m, AdaptiveNorm)]
+        linears = [m[1] for m in model.modules() if isinstance(m, Modulation)]
         linears.append(model.final_layer.linear)
         for linear in linears:
             out_f, in_f = linear.weight.shape
@@ -291,3 +296,24 @@ def test_zero_init_false_keeps_xavier_on_the_regressions_and_the_final_layer():
     x, t, y = torch.randn(2, 1, 28, 28), torch.tensor([1, 500]), torch.tensor([0, 3])
     assert zero(x, t, y).abs().max().item() == 0.0  # adaLN-Zero: starts predicting eps = 0
     assert plain(x, t, y).abs().max().item() > 0.0
+
+
+def test_the_dit_takes_its_norm_as_a_callable_of_the_width():
+    """DiT(norm_layer) with torch's LayerNorm as DiT's code builds it is the model build_dit()
+    builds from the layernorm config: the same parameters from the same seed, the same output."""
+    from functools import partial
+
+    from torch import nn
+
+    from normlab.models.dit import DiT
+
+    torch.manual_seed(0)
+    ours = DiT(partial(nn.LayerNorm, elementwise_affine=False, eps=1e-6), **TINY)
+    assert all(type(b.norm1) is nn.LayerNorm for b in ours.blocks)
+    built = tiny_dit()  # seeds 0 itself
+    ours.y_embedder.dropout = 0.0
+    assert ours.state_dict().keys() == built.state_dict().keys()
+    assert all(torch.equal(ours.state_dict()[k], v) for k, v in built.state_dict().items())
+    randomized(ours), randomized(built)
+    with torch.no_grad():
+        assert torch.equal(ours(*batch()), built(*batch()))

@@ -5,6 +5,7 @@ from_official_state_dict give its outputs."""
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ import torch
 from timm.layers import Attention, Mlp, PatchEmbed
 from torch import nn
 
-from normlab.models.dit import DiT, TimestepEmbedder, from_official_state_dict, sincos_2d
+from normlab.models.dit import DiT, TimestepEmbedder, build_dit, from_official_state_dict, sincos_2d
 
 TINY = {"input_size": 28, "in_channels": 1, "hidden_size": 96, "depth": 2, "num_heads": 4,
         "patch_size": 4, "num_classes": 10}  # fmt: skip
@@ -196,10 +197,18 @@ def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
+DITS_LAYERNORM = partial(nn.LayerNorm, elementwise_affine=False, eps=1e-6)  # as DiT builds it
+OURS = {  # the official model here: DiT with torch's LayerNorm, or build_dit() from config keys
+    "torch_layernorm": lambda: DiT(DITS_LAYERNORM, **TINY),
+    "config": lambda: build_dit(**TINY),  # conf/model/dit.yaml's defaults: layernorm, eps 1e-6
+}
+
+
+@pytest.mark.parametrize("ours", OURS)
 @pytest.mark.parametrize("learn_sigma", [False, True])
-def test_official_weights_give_the_official_output(learn_sigma):
+def test_official_weights_give_the_official_output(learn_sigma, ours):
     official = official_with_random_weights(learn_sigma)
-    ours = DiT(**TINY, conditioning="adaln_zero").eval()
+    ours = OURS[ours]().eval()
     ours.load_state_dict(from_official_state_dict(official.state_dict()))  # strict: every key
     g = torch.Generator().manual_seed(1)
     x = torch.randn(8, 1, 28, 28, generator=g)
@@ -220,9 +229,9 @@ def test_mapping_splits_the_six_modulation_chunks_in_order():
     mapped = from_official_state_dict(sd)
     # official rows: (shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp), D each
     six = sd["blocks.1.adaLN_modulation.1.weight"].view(6, D, D)
-    norm1 = mapped["blocks.1.norm1.modulation.1.weight"].view(3, D, D)  # (shift, scale, gate)
-    norm2 = mapped["blocks.1.norm2.modulation.1.weight"].view(3, D, D)
-    assert torch.equal(norm1, six[:3]) and torch.equal(norm2, six[3:])
+    msa = mapped["blocks.1.adaLN_msa.1.weight"].view(3, D, D)  # (shift, scale, gate)
+    mlp = mapped["blocks.1.adaLN_mlp.1.weight"].view(3, D, D)
+    assert torch.equal(msa, six[:3]) and torch.equal(mlp, six[3:])
     assert "pos_embed" not in mapped
 
 

@@ -11,8 +11,8 @@ from hydra.utils import instantiate
 from test_train import metrics_rows
 
 from normlab.callbacks.norm_stats import NormStats, default_layers
-from normlab.norms import DyT, Norm
-from normlab.norms.adaptive import AdaptiveNorm
+from normlab.norms import DyT, Norm, norm_partial
+from normlab.norms.adaptive import AdaLNZero
 from normlab.run import train
 
 
@@ -45,13 +45,35 @@ def hooked_layers(task: torch.nn.Module, callback: NormStats | None = None) -> s
     return {key.split("/")[1] for key in logged(task, callback)}
 
 
-def test_dit_hooks_each_adaptive_norm_once_and_no_placeholder(compose, tmp_path):
+def test_dit_hooks_each_norm_once_and_no_placeholder(compose, tmp_path):
     task = instantiate(compose(["experiment=dit"], tmp_path).model)
     layers = hooked_layers(task)
-    adaptive = {f"net.{n}" for n, m in task.net.named_modules() if isinstance(m, AdaptiveNorm)}
-    assert layers == adaptive  # not their inner LayerNorm, not timm's Identity attn.norm/mlp.norm
-    assert len(layers) == 9  # 4 blocks x (norm1, norm2) + the final layer's adaLN
+    norms = {f"net.{n}" for n, m in task.net.named_modules() if isinstance(m, Norm)}
+    assert layers == norms  # not timm's Identity attn.norm/mlp.norm
+    assert len(layers) == 9  # 4 blocks x (norm1, norm2) + the final layer's norm_final
     assert not any(name.startswith("ema.") for name in layers)  # the trained net, not its EMA
+
+
+class GatedBranch(torch.nn.Module):
+    """x + gate * Linear(h) with (h, gate) from an adaLN-Zero over DyT: an adaptive norm in use."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = AdaLNZero(8, 4, norm_partial("dyt", alpha0=0.75))
+        self.linear = torch.nn.Linear(8, 8)
+
+    def example_input(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(batch, 3, 8), torch.randn(batch, 4)
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        h, gate = self.norm(x, c)
+        return x + gate * self.linear(h)
+
+
+def test_an_adaptive_norm_is_hooked_once_with_its_dyts_alpha():
+    metrics = logged(GatedBranch())
+    assert {key.split("/")[1] for key in metrics} == {"norm"}  # not also its inner DyT
+    assert metrics["norm/norm/alpha"] == 0.75 and "norm/norm/out_std" in metrics
 
 
 def test_gpt_hooks_every_block_norm_and_the_final_norm(compose, tmp_path):
@@ -94,11 +116,10 @@ def test_a_norm_none_run_logs_no_norm_stats(compose, tmp_path):
 def test_each_dyt_layer_logs_its_own_alpha(model, compose, tmp_path):
     task = instantiate(compose([*model, "norm=dyt"], tmp_path).model)
     layers = default_layers(task)
-    assert len(layers) == 9  # 4 blocks x 2 + the final norm (GPT: DyT, DiT: adaLN over DyT)
+    assert len(layers) == 9  # 4 blocks x 2 + the final norm
     expected = {}
     for i, layer in enumerate(layers):
-        module = task.get_submodule(layer)
-        dyt = module.norm if isinstance(module, AdaptiveNorm) else module
+        dyt = task.get_submodule(layer)
         assert isinstance(dyt, DyT)
         with torch.no_grad():
             dyt.alpha.fill_(0.25 + i / 8)  # a different alpha in each layer

@@ -17,7 +17,7 @@ from torch import nn
 
 from normlab import config
 from normlab.errors import ConfigError
-from normlab.models.dit import DiT
+from normlab.models.dit import DiT, DiTBlock, build_dit
 from normlab.models.lenet import LeNet
 from normlab.models.lstm import LSTMLM
 from normlab.models.mlp import MLP
@@ -109,12 +109,12 @@ def test_the_gpt_builds_it_in_every_placement(my_norm, placement):
 @pytest.mark.parametrize("conditioning", ["adaln_zero", "cross_attn"])
 def test_the_dit_builds_it_and_adaln_switches_its_gain_off(my_norm, conditioning):
     torch.manual_seed(0)
-    dit = DiT(
+    dit = build_dit(
         my_norm.MeanOnlyLayerNorm, conditioning=conditioning, hidden_size=16, depth=2, num_heads=2
     )
     norms = [m for m in dit.modules() if type(m) is my_norm.MeanOnlyLayerNorm]
     if conditioning == "adaln_zero":  # through its affine_key: the regression replaces it
-        assert isinstance(dit.blocks[0].norm1, AdaLNZero)
+        assert isinstance(dit.blocks[0], DiTBlock)
         assert norms and all(m.weight is None for m in norms)
     else:
         assert norms and all(m.weight is not None for m in norms)
@@ -229,8 +229,8 @@ def test_a_callable_is_a_norm_spec_of_every_model():
     assert type(lstm.layers[0].norm_c) is RmsNorm and lstm.layers[0].norm_c.eps == 1e-5
     backward(lstm(torch.randint(0, 65, (2, 6))), lstm)
     dit = DiT(RmsNorm, conditioning="adaln_zero", hidden_size=16, depth=2, num_heads=2)
-    assert isinstance(dit.blocks[0].norm1, AdaLNZero)
-    assert type(dit.blocks[0].norm1.norm) is RmsNorm  # no affine key known: built as it is
+    assert isinstance(dit.blocks[0], DiTBlock)
+    assert type(dit.blocks[0].norm1) is RmsNorm  # the DiT calls its norm_layer with the width
     x, t, y = torch.randn(2, 1, 28, 28), torch.tensor([3, 500]), torch.tensor([1, 7])
     backward(dit(x, t, y), dit)
 

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from hydra.utils import instantiate
 from torch import nn
 
-from normlab.models.dit import DiT
+from normlab.models.dit import build_dit
 from normlab.models.transformer import GPT
 from normlab.norms import LayerNorm, NormConfigError, RMSNorm, norm_partial
 from normlab.norms.qknorm import check_qk_norm
@@ -25,7 +25,8 @@ def gpt(qk_norm=None, placement="pre"):
 
 def dit(qk_norm=None, conditioning="adaln_zero", **kw):
     torch.manual_seed(0)
-    net = DiT(LN, conditioning=conditioning, class_dropout=0.0, qk_norm=qk_norm, **DIT_TINY, **kw)
+    kw = {**DIT_TINY, **kw}
+    net = build_dit(LN, conditioning=conditioning, class_dropout=0.0, qk_norm=qk_norm, **kw)
     for block in net.blocks:
         block.attn.fused_attn = True  # timm's F.scaled_dot_product_attention path, recorded below
     return net.eval()
@@ -213,7 +214,7 @@ def test_bad_values_name_the_valid_ones(value):
     with pytest.raises(NormConfigError, match=message):
         GPT(65, {"name": "pre"}, LN, qk_norm=value, **GPT_TINY)
     with pytest.raises(NormConfigError, match=message):
-        DiT(LN, qk_norm=value, **DIT_TINY)
+        build_dit(LN, qk_norm=value, **DIT_TINY)
 
 
 def test_names_are_canonicalized():

@@ -4,22 +4,21 @@
     -> (B, N, p*p*C) -> eps prediction (B, C, H, W)
 
 The condition is the timestep t and the class label y (an extra "null" class for classifier-free
-guidance). `conditioning` picks how the blocks see it:
+guidance). `conditioning` picks the block class, one per way the blocks see it:
 
-    adaln_zero  c = emb(t) + emb(y); every norm is AdaLN and each residual branch has a gate;
-                the regressions start at zero, so each block starts as the identity
-    adaln       the same without gates, regressions with the default init
-    cross_attn  (emb(t), emb(y)) as a 2-token sequence that an extra cross-attention in each
-                block attends to; plain norms
-    in_context  emb(t), emb(y) prepended to the image tokens; plain norms; dropped before the
-                final layer
+    adaln_zero  DiTBlock: c = emb(t) + emb(y) regresses each branch's norm shift/scale and its
+                gate; the regressions start at zero, so each block starts as the identity
+    adaln       AdaLNBlock: the same without gates, regressions with torch's default init
+    cross_attn  CrossAttnBlock: (emb(t), emb(y)) as a 2-token sequence that an extra
+                cross-attention in each block attends to; plain norms
+    in_context  InContextBlock: emb(t), emb(y) prepended to the image tokens; plain norms;
+                dropped before the final layer
 
-The norms come from `norm_layer` (the composed norm config's partial); they must act on each
-token over its last (feature) axis of (B, T, D): a family whose class declares `tokenwise`.
-`norm_eps` (DiT's 1e-6, as its LayerNorms) replaces the norm config's eps in every norm the
-model builds; None keeps the config's. `qk_norm`
-(a tokenwise norm or None, normlab.norms.qknorm) normalizes each head's queries and keys over
-head_dim in every attention (self- and cross-), with norm_eps as their eps too.
+The DiT takes its norms as callables, `norm_layer(D)` and `qk_norm_layer(head_dim)` (QK-norm of
+each head's queries and keys, self- and cross-attention; None: plain attention). `build_dit()`
+builds the DiT of conf/model/dit.yaml from norm configs: `norm` (a family whose class declares
+`tokenwise`: it acts on each token over its last axis), `norm_eps` (DiT's 1e-6, as its
+LayerNorms, in place of the config's eps; None keeps it) and `qk_norm` (a tokenwise family).
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ import inspect
 import math
 from collections.abc import Mapping
 from functools import partial
-from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -45,7 +43,8 @@ from normlab.norms import (
     norm_traits,
     norms_with,
 )
-from normlab.norms.adaptive import AdaLN, AdaLNZero, AdaptiveNorm, NormLayer
+from normlab.norms.adaptive import modulate
+from normlab.norms.registry import NormLayer
 from normlab.norms.qknorm import check_qk_norm, create_qk_norm
 
 # ---------------------------------------------------------------------------------------------
@@ -118,7 +117,7 @@ class LabelEmbedder(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------
-# Transformer block and final layer
+# Blocks and final layer: one block class per conditioning
 # ---------------------------------------------------------------------------------------------
 
 
@@ -151,185 +150,159 @@ class CrossAttention(nn.Module):
         return self.proj(out.transpose(1, 2).reshape(B, N, D))  # (B, N, D)
 
 
-# ---------------------------------------------------------------------------------------------
-# Conditionings: how the blocks see the condition
-# ---------------------------------------------------------------------------------------------
-
-TokenNorm = nn.Module  # a norm of (B, T, D) tokens over D: a registry norm or an AdaptiveNorm
-
-
-class Conditioning:
-    """How the blocks see the condition (t, y); one object per model, shared by its parts.
-
-    A conditioning builds the norms before the residual branches and before the final linear,
-    calls each of them in one way, `(h, gate) = normalize(norm, x, c)` (gate 1 for an ungated
-    branch), says whether a block has a cross-attention sub-layer, and turns the image tokens
-    and the embeddings of t and y into the blocks' input (tokens, c, ctx) and back. The base
-    class is the plain case: registry norms that do not read c, and neither c nor ctx.
-    """
-
-    name: ClassVar[str]
-    cross_attention: ClassVar[bool] = False  # a cross-attention sub-layer in each block reads ctx
-
-    def branch_norm(self, norm: NormLayer, dim: int) -> TokenNorm:
-        """The norm before a block's residual branch (attention, MLP)."""
-        return build_norm(norm, dim, channel_dim=-1)
-
-    def final_norm(self, norm: NormLayer, dim: int) -> TokenNorm:
-        """The norm before the final linear."""
-        return build_norm(norm, dim, channel_dim=-1)
-
-    def normalize(
-        self, norm: TokenNorm, x: torch.Tensor, c: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor | float]:
-        """(h, gate): x normed (and modulated by c) and the gate of the branch that reads h."""
-        return norm(x), 1.0
-
-    def inputs(
-        self, tokens: torch.Tensor, t_emb: torch.Tensor, y_emb: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """(tokens, c, ctx) the blocks read from the image tokens (B, N, D) and t_emb, y_emb
-        (B, D): c for adaptive norms, ctx for cross-attention."""
-        return tokens, None, None
-
-    def image_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The blocks' output tokens that the final layer maps to patches: (B, N, D)."""
-        return tokens
+def attention(dim: int, num_heads: int, qk_norm_layer: NormLayer | None) -> Attention:
+    """timm's self-attention (DiT's); with qk_norm_layer, QK-norm of each head's q and k."""
+    qk = None if qk_norm_layer is None else (lambda d, **_: qk_norm_layer(d))  # timm: device=
+    return Attention(dim, num_heads=num_heads, qkv_bias=True, qk_norm=qk is not None, norm_layer=qk)
 
 
-class AdaLNZeroConditioning(Conditioning):
-    """c = emb(t) + emb(y) regresses every norm's shift/scale and each branch's gate; the
-    regressions start at zero (blocks start as the identity, the final norm as a plain norm)."""
-
-    name = "adaln_zero"
-
-    def branch_norm(self, norm: NormLayer, dim: int) -> TokenNorm:
-        return AdaLNZero(dim, dim, norm)
-
-    def final_norm(self, norm: NormLayer, dim: int) -> TokenNorm:
-        return AdaLN(dim, dim, norm, zero_init=True)
-
-    def normalize(
-        self, norm: TokenNorm, x: torch.Tensor, c: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor | float]:
-        out = norm(x, c)  # called as a module, so its hooks (the norm statistics) see it
-        return out if norm.gated else (out, 1.0)  # AdaLNZero: (h, regressed gate); AdaLN: h
-
-    def inputs(
-        self, tokens: torch.Tensor, t_emb: torch.Tensor, y_emb: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        return tokens, t_emb + y_emb, None  # c: (B, D)
+def mlp(dim: int, mlp_ratio: float) -> Mlp:
+    """DiT's MLP: Linear, GELU (tanh approximation), Linear."""
+    return Mlp(dim, int(dim * mlp_ratio), act_layer=partial(nn.GELU, approximate="tanh"))
 
 
-class AdaLNConditioning(AdaLNZeroConditioning):
-    """As adaLN-Zero without gates, the regressions with the default init."""
+class Modulation(nn.Sequential):
+    """adaLN's regression Linear(SiLU(c)): (B, D) -> (B, chunks * D), chunks of D each."""
 
-    name = "adaln"
+    def __init__(self, dim: int, chunks: int, zero_init: bool) -> None:
+        super().__init__(nn.SiLU(), nn.Linear(dim, chunks * dim))
+        self.zero_init = zero_init
+        self.reset_parameters()
 
-    def branch_norm(self, norm: NormLayer, dim: int) -> TokenNorm:
-        return AdaLN(dim, dim, norm)
-
-    def final_norm(self, norm: NormLayer, dim: int) -> TokenNorm:
-        return AdaLN(dim, dim, norm, zero_init=False)
-
-
-class CrossAttnConditioning(Conditioning):
-    """(emb(t), emb(y)) as a 2-token sequence ctx that a cross-attention in each block reads."""
-
-    name = "cross_attn"
-    cross_attention = True
-
-    def inputs(
-        self, tokens: torch.Tensor, t_emb: torch.Tensor, y_emb: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        return tokens, None, torch.stack([t_emb, y_emb], dim=1)  # ctx: (B, 2, D)
-
-
-class InContextConditioning(Conditioning):
-    """emb(t), emb(y) prepended to the image tokens, dropped before the final layer."""
-
-    name = "in_context"
-
-    def inputs(
-        self, tokens: torch.Tensor, t_emb: torch.Tensor, y_emb: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        return torch.cat([t_emb[:, None], y_emb[:, None], tokens], dim=1), None, None  # (B, 2+N, D)
-
-    def image_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
-        return tokens[:, 2:]  # (B, N, D)
-
-
-CONDITIONINGS: dict[str, type[Conditioning]] = {
-    cls.name: cls
-    for cls in (
-        AdaLNZeroConditioning,
-        AdaLNConditioning,
-        CrossAttnConditioning,
-        InContextConditioning,
-    )
-}
+    def reset_parameters(self) -> None:
+        """adaLN-Zero: zeros, so shift = scale = gate = 0 for every c (a gated branch starts
+        switched off, a norm starts plain); adaLN: torch's default Linear init."""
+        if self.zero_init:
+            nn.init.zeros_(self[1].weight)
+            nn.init.zeros_(self[1].bias)
+        else:
+            self[1].reset_parameters()
 
 
 class DiTBlock(nn.Module):
-    """Pre-norm block: self-attention, [cross-attention], MLP; norms set by the conditioning."""
+    """adaLN-Zero block: each branch's norm shifted and scaled by c, its output gated by c.
+
+    DiT's block, its one regression of six chunks held as one per branch (adaLN_msa, adaLN_mlp:
+    the same rows in the same order; from_official_state_dict splits DiT's). Two matmuls, not
+    one: the gradient of c sums in the order the measured runs summed it."""
+
+    chunks = 3  # shift, scale, gate of each branch
+    zero_init = True  # the regressions start at zero: the block starts as the identity
 
     def __init__(
         self,
         hidden_size: int,
         num_heads: int,
         mlp_ratio: float,
-        conditioning: Conditioning,
-        norm: NormLayer,
-        qk_norm: str | None = None,
-        qk_norm_kw: Mapping[str, Any] | None = None,
+        norm_layer: NormLayer,
+        qk_norm_layer: NormLayer | None = None,
     ) -> None:
         super().__init__()
-        D = hidden_size
+        self.norm1 = norm_layer(hidden_size)
+        self.adaLN_msa = Modulation(hidden_size, self.chunks, self.zero_init)
+        self.attn = attention(hidden_size, num_heads, qk_norm_layer)
+        self.norm2 = norm_layer(hidden_size)
+        self.adaLN_mlp = Modulation(hidden_size, self.chunks, self.zero_init)
+        self.mlp = mlp(hidden_size, mlp_ratio)
 
-        def qk(dim: int, **_: Any) -> nn.Module:  # timm's norm_layer(head_dim, device=, dtype=)
-            return create_qk_norm(qk_norm, dim, **(qk_norm_kw or {}))
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        shift_msa, scale_msa, gate_msa = self.adaLN_msa(c).chunk(3, dim=1)  # (B, D) each
+        x = x + gate_msa.unsqueeze(1) * self.attn(modulate(self.norm1(x), shift_msa, scale_msa))
+        shift_mlp, scale_mlp, gate_mlp = self.adaLN_mlp(c).chunk(3, dim=1)
+        return x + gate_mlp.unsqueeze(1) * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
 
-        self.cond = conditioning
-        self.norm1 = conditioning.branch_norm(norm, D)
-        if qk_norm is None:  # timm's Attention as before: q_norm, k_norm are nn.Identity
-            self.attn = Attention(D, num_heads=num_heads, qkv_bias=True)
-        else:  # timm normalizes each head's q, k over head_dim with norm_layer's modules
-            self.attn = Attention(
-                D, num_heads=num_heads, qkv_bias=True, qk_norm=True, norm_layer=qk
-            )
-        self.cross_attn = None
-        if conditioning.cross_attention:
-            self.norm_cross = build_norm(norm, D, channel_dim=-1)
-            heads = (qk(D // num_heads), qk(D // num_heads)) if qk_norm else (None, None)
-            self.cross_attn = CrossAttention(D, num_heads, *heads)
-        self.norm2 = conditioning.branch_norm(norm, D)
-        self.mlp = Mlp(D, int(D * mlp_ratio), act_layer=partial(nn.GELU, approximate="tanh"))
 
-    def forward(
-        self, x: torch.Tensor, c: torch.Tensor | None, ctx: torch.Tensor | None
-    ) -> torch.Tensor:
-        h, gate = self.cond.normalize(self.norm1, x, c)  # norm, modulated by c when adaptive
-        x = x + gate * self.attn(h)  # (B, N, D)
-        if self.cross_attn is not None:
-            x = x + self.cross_attn(self.norm_cross(x), ctx)  # (B, N, D)
-        h, gate = self.cond.normalize(self.norm2, x, c)
-        return x + gate * self.mlp(h)  # (B, N, D)
+class AdaLNBlock(DiTBlock):
+    """adaLN block: each branch's norm shifted and scaled by c, no gates."""
+
+    chunks = 2  # shift, scale of each branch
+    zero_init = False  # torch's default init of the regressions
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        shift_msa, scale_msa = self.adaLN_msa(c).chunk(2, dim=1)  # (B, D) each
+        x = x + self.attn(modulate(self.norm1(x), shift_msa, scale_msa))
+        shift_mlp, scale_mlp = self.adaLN_mlp(c).chunk(2, dim=1)
+        return x + self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
+
+
+class CrossAttnBlock(nn.Module):
+    """Pre-norm block with a cross-attention to the condition tokens ctx between its branches."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        mlp_ratio: float,
+        norm_layer: NormLayer,
+        qk_norm_layer: NormLayer | None = None,
+    ) -> None:
+        super().__init__()
+        head_dim = hidden_size // num_heads
+        qk = (qk_norm_layer(head_dim), qk_norm_layer(head_dim)) if qk_norm_layer else (None, None)
+        self.norm1 = norm_layer(hidden_size)
+        self.attn = attention(hidden_size, num_heads, qk_norm_layer)
+        self.norm_cross = norm_layer(hidden_size)
+        self.cross_attn = CrossAttention(hidden_size, num_heads, *qk)
+        self.norm2 = norm_layer(hidden_size)
+        self.mlp = mlp(hidden_size, mlp_ratio)
+
+    def forward(self, x: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))  # (B, N, D)
+        x = x + self.cross_attn(self.norm_cross(x), ctx)  # ctx: (B, 2, D)
+        return x + self.mlp(self.norm2(x))
+
+
+class InContextBlock(nn.Module):
+    """Plain pre-norm block (ViT's): the condition is in the tokens it reads."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        mlp_ratio: float,
+        norm_layer: NormLayer,
+        qk_norm_layer: NormLayer | None = None,
+    ) -> None:
+        super().__init__()
+        self.norm1 = norm_layer(hidden_size)
+        self.attn = attention(hidden_size, num_heads, qk_norm_layer)
+        self.norm2 = norm_layer(hidden_size)
+        self.mlp = mlp(hidden_size, mlp_ratio)
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))  # (B, 2+N, D)
+        return x + self.mlp(self.norm2(x))
+
+
+BLOCKS: dict[str, type[nn.Module]] = {  # conditioning -> the block that reads it
+    "adaln_zero": DiTBlock,
+    "adaln": AdaLNBlock,
+    "cross_attn": CrossAttnBlock,
+    "in_context": InContextBlock,
+}
+ADAPTIVE = ("adaln_zero", "adaln")  # the conditionings whose norms c shifts and scales
 
 
 class FinalLayer(nn.Module):
-    """Norm (adaptive for the adaLN variants, no gate) then Linear to p*p*C values per token."""
+    """Norm (shifted and scaled by c under adaLN, no gate) then Linear to p*p*C values a token;
+    `zero_init`: as the blocks' regressions (None: a plain norm, no regression)."""
 
     def __init__(
-        self, hidden_size: int, out_dim: int, conditioning: Conditioning, norm: NormLayer
+        self, hidden_size: int, out_dim: int, norm_layer: NormLayer, zero_init: bool | None
     ) -> None:
         super().__init__()
-        self.cond = conditioning
-        self.norm = conditioning.final_norm(norm, hidden_size)
+        self.norm_final = norm_layer(hidden_size)
+        self.adaLN_modulation = None
+        if zero_init is not None:
+            self.adaLN_modulation = Modulation(hidden_size, 2, zero_init)
         self.linear = nn.Linear(hidden_size, out_dim)
 
     def forward(self, x: torch.Tensor, c: torch.Tensor | None) -> torch.Tensor:
-        h, _ = self.cond.normalize(self.norm, x, c)  # (B, N, D); the final norm has no gate
-        return self.linear(h)  # (B, N, p*p*C)
+        x = self.norm_final(x)  # (B, N, D)
+        if self.adaLN_modulation is not None:
+            shift, scale = self.adaLN_modulation(c).chunk(2, dim=1)
+            x = modulate(x, shift, scale)
+        return self.linear(x)  # (B, N, p*p*C)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -341,8 +314,8 @@ def check_shape(
     conditioning: str, input_size: int, hidden_size: int, depth: int, num_heads: int, patch: int
 ) -> None:
     """A DiT's arguments, checked before anything is built (ValueError naming the argument)."""
-    if conditioning not in CONDITIONINGS:
-        raise ValueError(f"conditioning={conditioning!r} is not one of {list(CONDITIONINGS)}")
+    if conditioning not in BLOCKS:
+        raise ValueError(f"conditioning={conditioning!r} is not one of {list(BLOCKS)}")
     shape = {"hidden_size": hidden_size, "depth": depth, "num_heads": num_heads,
              "patch_size": patch}  # fmt: skip
     for key, value in shape.items():
@@ -357,16 +330,17 @@ def check_shape(
 class DiT(nn.Module):
     """Class-conditional DiT predicting the noise eps of x_t: forward(x, t, y) -> (B, C, H, W).
 
-    The shape (hidden_size D, depth, num_heads, patch_size p) is given explicitly; the defaults
-    are the "tiny" DiT of conf/model/dit.yaml, which trains on a CPU on 28x28 (p=4 -> 49 tokens).
-    The paper's DiT-S/2 ... XL/4 shapes are conf/size/dit/*.yaml (size=dit/S/2, ...).
-    `zero_init=False` keeps xavier on the adaLN regressions and the final layer, as the DyT
-    authors' DiT patch does for DyT.
+    `norm_layer(D)` builds every norm (under adaLN, one without an affine of its own: the
+    regression replaces it, as DiT's LayerNorm(elementwise_affine=False)); `qk_norm_layer(head_dim)`
+    the QK-norms, or None. The defaults are the "tiny" DiT of conf/model/dit.yaml, which trains
+    on a CPU on 28x28 (p=4 -> 49 tokens); the paper's DiT-S/2 ... XL/4 shapes are
+    conf/size/dit/*.yaml. `zero_init=False` keeps xavier on the adaLN regressions and the final
+    layer, as the DyT authors' DiT patch does for DyT.
     """
 
     def __init__(
         self,
-        norm_layer: NormLayer = LayerNorm,
+        norm_layer: NormLayer,
         conditioning: str = "adaln_zero",
         input_size: int = 28,
         in_channels: int = 1,
@@ -377,26 +351,14 @@ class DiT(nn.Module):
         depth: int = 4,
         num_heads: int = 4,
         patch_size: int = 4,
-        norm_eps: float | None = 1e-6,
-        qk_norm: str | None = None,
+        qk_norm_layer: NormLayer | None = None,
         zero_init: bool = True,
     ) -> None:
         super().__init__()
-        qk_norm = check_qk_norm(qk_norm)  # a tokenwise family or None
         check_shape(conditioning, input_size, hidden_size, depth, num_heads, patch_size)
         D, p = hidden_size, patch_size
-        self.zero_init = zero_init
-        norm, traits = norm_layer, norm_traits(norm_layer)
-        takes_eps = traits is not None and "eps" in inspect.signature(norm_class(norm)).parameters
-        if norm_eps is not None and takes_eps:  # a normlab-known class: eps replaced (a plain
-            norm = partial(norm, eps=norm_eps)  # callable sets its own)
-        if traits is not None and not traits.tokenwise:
-            raise NormConfigError(
-                f"dit: norm={norm_name(norm)!r} does not normalise the feature axis of (B, T, D) "
-                f"tokens; choose one of {norms_with('tokenwise')}"
-            )
         self.conditioning = conditioning
-        self.cond = CONDITIONINGS[conditioning]()
+        self.zero_init = zero_init
         self.in_channels = in_channels
         self.input_size = input_size
         self.num_classes = num_classes
@@ -407,11 +369,12 @@ class DiT(nn.Module):
         self.register_buffer("pos_embed", sincos_2d(D, self.grid_size)[None], persistent=False)
         self.t_embedder = TimestepEmbedder(D)
         self.y_embedder = LabelEmbedder(num_classes, D, class_dropout)
-        qk_kw = {} if norm_eps is None else {"eps": norm_eps}
+        block = BLOCKS[conditioning]
         self.blocks = nn.ModuleList(
-            DiTBlock(D, num_heads, mlp_ratio, self.cond, norm, qk_norm, qk_kw) for _ in range(depth)
+            block(D, num_heads, mlp_ratio, norm_layer, qk_norm_layer) for _ in range(depth)
         )
-        self.final_layer = FinalLayer(D, p * p * in_channels, self.cond, norm)
+        zero = block.zero_init if conditioning in ADAPTIVE else None
+        self.final_layer = FinalLayer(D, p * p * in_channels, norm_layer, zero)
         self.initialize_weights()
 
     @property
@@ -437,10 +400,10 @@ class DiT(nn.Module):
         nn.init.normal_(self.t_embedder.mlp[2].weight, std=0.02)
         if not self.zero_init:  # the DyT authors' DiT patch: no zeroing, xavier as above
             return
-        # adaptive norms own their regression's init: adaLN-Zero zeroes it so each block starts
-        # as the identity (gates 0) and the final norm starts as a plain norm
+        # the adaLN regressions own their init: adaLN-Zero zeroes them so each block starts as
+        # the identity (gates 0) and the final norm as a plain norm; adaLN's are torch's default
         for module in self.modules():
-            if isinstance(module, AdaptiveNorm):
+            if isinstance(module, Modulation):
                 module.reset_parameters()
         # zero the output layer: the model starts by predicting eps = 0 (DiT)
         nn.init.zeros_(self.final_layer.linear.weight)
@@ -453,14 +416,61 @@ class DiT(nn.Module):
         return x.permute(0, 5, 1, 3, 2, 4).reshape(B, C, G * p, G * p)  # (B, C, H, W)
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        tokens = self.x_embedder(x) + self.pos_embed  # (B, N, D)
-        t_emb = self.t_embedder(t)  # (B, D)
-        y_emb = self.y_embedder(y)  # (B, D)
-        tokens, c, ctx = self.cond.inputs(tokens, t_emb, y_emb)  # c (B, D), ctx (B, 2, D)
+        x = self.x_embedder(x) + self.pos_embed  # (B, N, D)
+        t, y = self.t_embedder(t), self.y_embedder(y)  # (B, D) each
+        c = None  # in-context: the blocks read t and y as two more tokens
+        if self.conditioning in ADAPTIVE:
+            c = t + y  # (B, D): what the norms' shift, scale (and gates) are regressed from
+        elif self.conditioning == "cross_attn":
+            c = torch.stack([t, y], dim=1)  # (B, 2, D): what the cross-attention attends to
+        else:
+            x = torch.cat([t[:, None], y[:, None], x], dim=1)  # (B, 2+N, D)
         for block in self.blocks:
-            tokens = block(tokens, c, ctx)  # (B, N or 2+N, D)
-        out = self.final_layer(self.cond.image_tokens(tokens), c)  # (B, N, p*p*C)
-        return self.unpatchify(out)  # (B, C, H, W)
+            x = block(x, c)  # (B, N or 2+N, D)
+        if self.conditioning == "in_context":
+            x = x[:, 2:]  # the image tokens (B, N, D)
+        return self.unpatchify(self.final_layer(x, c))  # (B, C, H, W)
+
+
+def build_dit(
+    norm_layer: NormLayer = LayerNorm,
+    conditioning: str = "adaln_zero",
+    input_size: int = 28,
+    in_channels: int = 1,
+    num_classes: int = 10,
+    class_dropout: float = 0.1,
+    mlp_ratio: float = 4.0,
+    hidden_size: int = 96,
+    depth: int = 4,
+    num_heads: int = 4,
+    patch_size: int = 4,
+    norm_eps: float | None = 1e-6,
+    qk_norm: str | None = None,
+    zero_init: bool = True,
+) -> DiT:
+    """The DiT of conf/model/dit.yaml: the norm config's partial `norm_layer` (a tokenwise
+    family; its eps replaced by `norm_eps` unless None, and its own affine switched off under
+    adaLN, where c regresses shift and scale) and `qk_norm` (a tokenwise family or None, eps
+    `norm_eps` too) become the DiT's norm_layer and qk_norm_layer. The other keys are the DiT's
+    own."""
+    qk_norm = check_qk_norm(qk_norm)
+    traits = norm_traits(norm_layer)
+    if traits is not None and not traits.tokenwise:
+        raise NormConfigError(
+            f"dit: norm={norm_name(norm_layer)!r} does not normalise the feature axis of (B, T, "
+            f"D) tokens; choose one of {norms_with('tokenwise')}"
+        )
+    eps = {} if norm_eps is None else {"eps": norm_eps}
+    if eps and traits is not None and "eps" in inspect.signature(norm_class(norm_layer)).parameters:
+        norm_layer = partial(norm_layer, **eps)  # DiT's LayerNorm eps, in every norm it builds
+    if conditioning in ADAPTIVE and traits is not None and traits.affine_key is not None:
+        norm_layer = partial(norm_layer, **{traits.affine_key: False})  # c's shift and scale
+    layer = partial(build_norm, norm_layer, channel_dim=-1)
+    qk_norm_layer = None if qk_norm is None else partial(create_qk_norm, qk_norm, **eps)
+    return DiT(
+        layer, conditioning, input_size, in_channels, num_classes, class_dropout,
+        mlp_ratio, hidden_size, depth, num_heads, patch_size, qk_norm_layer, zero_init,
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -469,19 +479,17 @@ class DiT(nn.Module):
 
 OFFICIAL_KEYS = {  # official DiT (facebookresearch/DiT models.py) name -> this DiT's name
     "y_embedder.embedding_table.": "y_embedder.table.",
-    "final_layer.adaLN_modulation.1.": "final_layer.norm.modulation.1.",
 }
 
 
 def from_official_state_dict(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """An official DiT state dict (facebookresearch/DiT models.py) in this DiT's keys, for
-    `DiT(conditioning="adaln_zero", norm=layernorm)` of the same shape (the official model).
+    `build_dit(conditioning="adaln_zero", norm=layernorm)` of the same shape (the official model).
 
     - `y_embedder.embedding_table` -> `y_embedder.table`;
     - `blocks.N.adaLN_modulation.1` regresses 6 chunks of D rows, (shift_msa, scale_msa,
-      gate_msa, shift_mlp, scale_mlp, gate_mlp): the first three -> `blocks.N.norm1.modulation.1`,
-      the last three -> `blocks.N.norm2.modulation.1` (an AdaLNZero's order: shift, scale, gate);
-    - `final_layer.adaLN_modulation.1` (shift, scale) -> `final_layer.norm.modulation.1`;
+      gate_msa, shift_mlp, scale_mlp, gate_mlp): the first three -> `blocks.N.adaLN_msa.1`,
+      the last three -> `blocks.N.adaLN_mlp.1` (each branch's shift, scale, gate);
     - `pos_embed`: not stored here (sincos_2d computes the same table); checked, then dropped;
     - a `final_layer.linear` of learn_sigma (p*p*2C outputs: eps, then the variance, per pixel
       of a patch) keeps its eps rows: this DiT predicts eps alone;
@@ -498,8 +506,8 @@ def from_official_state_dict(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.
         block, _, rest = key.partition(".adaLN_modulation.1.")
         if rest and block.startswith("blocks."):
             msa, mlp = value.chunk(2, dim=0)  # (3D, ...) each: (shift, scale, gate)
-            out[f"{block}.norm1.modulation.1.{rest}"] = msa
-            out[f"{block}.norm2.modulation.1.{rest}"] = mlp
+            out[f"{block}.adaLN_msa.1.{rest}"] = msa
+            out[f"{block}.adaLN_mlp.1.{rest}"] = mlp
             continue
         for official, ours in OFFICIAL_KEYS.items():
             if key.startswith(official):

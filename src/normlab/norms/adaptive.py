@@ -12,9 +12,9 @@ whether a residual gate is regressed too, and how the regression starts:
     FiLM            (Perez et al. 2018)         no norm: gamma(z) * x + beta(z), gamma = 1 + dgamma
     ScaleShiftNorm  (ADM, Dhariwal & Nichol 21) groupnorm on conv features (B, C, H, W), SiLU
 
-`norm_and_gate(x, c)` is the one call a residual block makes of any of them: (h, gate), gate 1
-for a layer without one, so the block is `x + gate * F(h)`; `forward` returns h alone for an
-ungated layer and (h, gate) for a gated one.
+`forward(x, c)` returns h, and (h, gate) for a gated layer: its block is `x + gate * F(h)`.
+(normlab's DiT writes these out in its blocks, as DiT's code does: a regression Linear(SiLU(c))
+per branch and `modulate`.)
 
 The base norm is a norm layer (a callable width -> module, `build_norm`). In DiT's layers its
 affine is switched off through the keyword its family names (`affine_key`, a trait of the
@@ -100,22 +100,14 @@ class AdaptiveNorm(nn.Module):
     def extra_repr(self) -> str:
         return f"dim={self.dim}, gated={self.gated}, zero_init={self.zero_init}"
 
-    def norm_and_gate(
-        self, x: torch.Tensor, c: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | float]:
-        """One interface for a residual branch `x + gate * F(h)`: (h, gate), h the modulated norm
-        of x and gate the regressed gate shaped for x's broadcast, or 1 for an ungated layer."""
-        chunks = self.modulation(c).chunk(self.num_chunks, dim=-1)  # each (B, F)
-        h = modulate(self.norm(x), chunks[0], chunks[1], self.dim)
-        return h, (broadcast_to(chunks[2], x, self.dim) if self.gated else 1.0)
-
     def forward(
         self, x: torch.Tensor, c: torch.Tensor
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Return the modulated norm of x; gated layers also return the gate, shaped like x's
+        """The modulated norm of x; a gated layer also returns the gate, shaped like x's
         broadcast (multiply the branch output by it before adding it to the residual)."""
-        h, gate = self.norm_and_gate(x, c)
-        return (h, gate) if self.gated else h
+        chunks = self.modulation(c).chunk(self.num_chunks, dim=-1)  # each (B, F)
+        h = modulate(self.norm(x), chunks[0], chunks[1], self.dim)
+        return (h, broadcast_to(chunks[2], x, self.dim)) if self.gated else h
 
 
 class AdaLN(AdaptiveNorm):
@@ -164,7 +156,7 @@ class ScaleShiftNorm(AdaptiveNorm):
         norm = functools.partial(GroupNorm, num_groups=num_groups, eps=eps)
         super().__init__(num_channels, cond_dim, norm, dim=1, norm_affine=True)
 
-    def norm_and_gate(self, x: torch.Tensor, emb: torch.Tensor) -> tuple[torch.Tensor, float]:
+    def forward(self, x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
         scale, shift = self.modulation(emb).chunk(2, dim=-1)  # (B, C) each, ADM's order
         h = self.norm(x.float()).to(x.dtype)  # (B, C, H, W): statistics and affine in fp32
-        return modulate(h, shift.to(h.dtype), scale.to(h.dtype), self.dim), 1.0  # no gate
+        return modulate(h, shift.to(h.dtype), scale.to(h.dtype), self.dim)
