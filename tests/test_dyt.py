@@ -12,7 +12,6 @@ from torch.func import functional_call
 from normlab.models.dit import BLOCKS, build_dit
 from normlab.models.transformer import GPT
 from normlab.norms import DyT, DyTFunction, NormConfigError, create_norm, norm_partial
-from normlab.norms.adaptive import AdaLN, AdaLNZero
 from normlab.norms.residual import available_placements
 
 IMPLS = ("fast", "reference", "manual")

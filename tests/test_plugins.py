@@ -23,7 +23,6 @@ from normlab.models.lstm import LSTMLM
 from normlab.models.mlp import MLP
 from normlab.models.transformer import GPT
 from normlab.norms import NormConfigError, norm_partial, norm_traits, register_norm, registry
-from normlab.norms.adaptive import AdaLNZero
 from normlab.run import train, user_error
 
 SPATIAL_PLUGIN = '''

@@ -44,8 +44,8 @@ from normlab.norms import (
     norms_with,
 )
 from normlab.norms.adaptive import modulate
-from normlab.norms.registry import NormLayer
 from normlab.norms.qknorm import check_qk_norm, create_qk_norm
+from normlab.norms.registry import NormLayer
 
 # ---------------------------------------------------------------------------------------------
 # Embeddings: 2D sin-cos positions, timesteps, class labels
