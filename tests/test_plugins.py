@@ -15,7 +15,7 @@ from timm.layers import RmsNorm
 from torch import nn
 
 from normlab import config
-from normlab.errors import ConfigError
+from normlab.errors import ConfigError, user_error
 from normlab.models.dit import DiT
 from normlab.models.lenet import LeNet
 from normlab.models.lstm import LSTMLM
@@ -23,7 +23,7 @@ from normlab.models.mlp import MLP
 from normlab.models.transformer import GPT
 from normlab.norms import NormConfigError, norm_traits, register_norm, registry
 from normlab.norms.adaptive import AdaLNZero
-from normlab.run import train, user_error
+from normlab.run import train
 
 MEANONLY = {"name": "meanonly"}
 SPATIAL_PLUGIN = '''
