@@ -11,7 +11,7 @@ import normlab.config  # registers the resolvers conf/ uses (omegaconf only: loa
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def entry(cfg: DictConfig) -> float | None:
     checked = normlab.config.check_or_exit(cfg)  # a bad value fails before torch loads
-    from normlab.run import main
+    from normlab.sweep.task import main
 
     return main(cfg, validated=checked)
 

@@ -15,7 +15,6 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from normlab import summary
 from normlab.analysis import (
     bn_lenet,
     deepnorm_depth,
@@ -41,6 +40,7 @@ from normlab.analysis.sweep import (
     sweep_dir,
     task_overrides,
 )
+from normlab.sweep import summary
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -43,7 +43,7 @@ def run(compose, tmp_path):
     def _run(*overrides: str) -> dict:
         probe = "+callbacks.probe._target_=test_bench_compute_options.Probe"
         cfg = compose([*TINY, "batch=16", "test=false", probe, *overrides], tmp_path)
-        result = train(cfg)
+        result, _ = train(cfg)
         assert result["status"] == "ok"
         assert math.isfinite(result["metrics"]["val/loss"])
         return SEEN

@@ -64,13 +64,11 @@ def test_progress_none_prints_no_epoch_lines_and_no_bar(tmp_path):
     ],
 )
 def test_progress_selects_the_bar_or_the_epoch_lines(overrides, bar, lines, compose, tmp_path):
-    from hydra.utils import instantiate
-
     from normlab.callbacks.progress import EpochProgress
     from normlab.run import build_callbacks, build_trainer
 
     cfg = compose(overrides, tmp_path)
-    callbacks = build_callbacks(cfg, instantiate(cfg.model))
+    callbacks = build_callbacks(cfg)
     assert any(isinstance(c, EpochProgress) for c in callbacks) == lines
     trainer = build_trainer(cfg, callbacks, [])
     assert (trainer.progress_bar_callback is not None) == bar

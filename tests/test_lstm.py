@@ -250,7 +250,7 @@ def test_train_py_model_lstm_runs_tiny(compose, tmp_path, norm):
     from normlab.run import train
 
     cfg = compose([*LSTM_TINY, f"norm={norm}"], tmp_path)
-    result = train(cfg)
+    result, _ = train(cfg)
     assert result["status"] == "ok", result
     metrics = result["metrics"]
     assert math.isfinite(metrics["val/loss"]) and metrics["val/loss"] < 2 * math.log(65)

@@ -123,7 +123,7 @@ def test_lenet_bad_channels(channels):
 
 def test_mlp_trains_through_the_config(compose, tmp_path):
     cfg = compose(["model=mlp", "batch=16", *TINY], tmp_path)
-    result = train(cfg)
+    result, _ = train(cfg)
     assert result["status"] == "ok"
     assert torch.isfinite(torch.tensor(result["metrics"]["test/acc"]))
     rows = metrics_rows(tmp_path)

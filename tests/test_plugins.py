@@ -16,14 +16,14 @@ from timm.layers import RmsNorm
 from torch import nn
 
 from normlab import config
-from normlab.errors import ConfigError
+from normlab.errors import ConfigError, user_error
 from normlab.models.dit import DiT, DiTBlock, build_dit
 from normlab.models.lenet import LeNet
 from normlab.models.lstm import LSTMLM
 from normlab.models.mlp import MLP
 from normlab.models.transformer import GPT
-from normlab.norms import NormConfigError, norm_partial, norm_traits, register_norm, registry
-from normlab.run import train, user_error
+from normlab.errors import ConfigError, user_error
+from normlab.models.dit import DiT, DiTBlock, build_dit
 
 SPATIAL_PLUGIN = '''
 from torch import nn

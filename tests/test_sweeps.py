@@ -15,8 +15,8 @@ from conftest import REPO, TINY
 from test_train import metrics_rows, run_cli
 
 from normlab.config import _slug
-from normlab.hydra_callbacks import EXIT_JOBS_FAILED
 from normlab.run import train
+from normlab.sweep.callbacks import EXIT_JOBS_FAILED
 
 
 def summary(sweep_dir) -> dict[str, dict[str, str]]:
@@ -117,7 +117,7 @@ def test_a_killed_sweep_resumes_its_interrupted_job(tmp_path):
 def test_same_seed_same_metrics_and_a_null_seed_is_picked_and_logged(compose, tmp_path):
     def run(name: str, seed: str) -> tuple[dict, list]:
         cfg = compose(["batch=32", *TINY, f"seed={seed}"], tmp_path / name)
-        result = train(cfg)
+        result, _ = train(cfg)
         return result, [{k: v for k, v in r.items() if k != "epoch"} for r in
                         metrics_rows(tmp_path / name)]  # fmt: skip
 
@@ -144,7 +144,7 @@ def test_job_dirs_of_overrides_that_differ_past_the_cut_are_distinct():
 def test_a_summary_row_is_replaced_by_the_same_job_in_another_order_or_run_dir(tmp_path):
     """One row per job: the same overrides in another order, or a new job written into the
     same run dir, replace the old row instead of adding one the analysis would count twice."""
-    from normlab import summary
+    from normlab.sweep import summary
 
     summary.update_row(tmp_path, {"job": 0, "overrides": "a=1 b=2", "status": "ok",
                                   "run_dir": "d0"})  # fmt: skip

@@ -217,7 +217,7 @@ def test_trackers_record_a_run_that_finishes_diverges_or_raises(
         with pytest.raises(RuntimeError, match="injected failure"):
             train(cfg)
     else:
-        assert train(cfg)["status"] == status
+        assert train(cfg)[0]["status"] == status
     assert mlflow_status(tmp_path) == mlflow
     assert wandb_exit_code(tmp_path) == exit_code
 

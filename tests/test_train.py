@@ -11,8 +11,9 @@ import pytest
 import torch
 from conftest import REPO, TINY
 
+from normlab.errors import user_error
 from normlab.norms import available_norms
-from normlab.run import train, user_error
+from normlab.run import train
 
 
 def run_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -33,7 +34,7 @@ def metrics_rows(run_dir: Path) -> list[dict[str, str]]:
 @pytest.mark.parametrize("norm", sorted(set(available_norms())))
 def test_every_norm_trains_lenet(norm, compose, tmp_path):
     cfg = compose([f"norm={norm}", "batch=8", *TINY], tmp_path)
-    result = train(cfg)
+    result, _ = train(cfg)
     assert result["status"] == "ok"
     assert torch.isfinite(torch.tensor(result["metrics"]["test/acc"]))
     rows = metrics_rows(tmp_path)

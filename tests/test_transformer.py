@@ -16,10 +16,10 @@ from conftest import REPO, TINY
 from normlab.callbacks.grad_norms import GradAtInit, block_grad_norms
 from normlab.data.shakespeare import ShakespeareDataModule
 from normlab.errors import ConfigError, DataError
-from normlab.hydra_callbacks import EXIT_JOBS_FAILED
 from normlab.models.transformer import GPT
 from normlab.norms import norm_partial
 from normlab.norms.residual import available_placements, deepnorm_constants
+from normlab.sweep.callbacks import EXIT_JOBS_FAILED
 from normlab.tasks.language_model import LanguageModelTask
 
 LAYERNORM = norm_partial("layernorm", eps=1e-5, elementwise_affine=True, bias=True)
@@ -205,7 +205,7 @@ def test_train_each_placement(compose, tmp_path, placement):
         cfg.norm._target_ == "normlab.norms.LayerNorm"
         and cfg.optim.optimizer._target_ == "torch.optim.AdamW"
     )
-    result = train(cfg)
+    result, _ = train(cfg)
     assert result["status"] == "ok"
     assert result["metrics"]["val/bpc"] == pytest.approx(
         result["metrics"]["val/loss"] / 0.6931, 1e-3
@@ -230,7 +230,7 @@ def test_overrides_reach_the_model(compose, tmp_path):
     task = instantiate(cfg.model)
     assert len(task.net.blocks) == 6 and cfg.optim.warmup_steps == 0
     assert type(task.net.blocks[0].attn.norm).__name__ == "RMSNorm"
-    assert train(cfg)["status"] == "ok"
+    assert train(cfg)[0]["status"] == "ok"
 
 
 def test_ln_placement_init_logs_w2_gradients_at_init_of_its_seed_without_a_step(compose, tmp_path):
@@ -242,7 +242,7 @@ def test_ln_placement_init_logs_w2_gradients_at_init_of_its_seed_without_a_step(
     overrides = ["experiment=ln_placement_init", "placement=post", "model.net.depth=3", "seed=3"]
     overrides += ["batch=4", "callbacks.grad_at_init.batches=2"]
     cfg = compose(overrides, tmp_path)
-    assert train(cfg)["status"] == "ok"
+    assert train(cfg)[0]["status"] == "ok"
     (row,) = read_metrics(tmp_path)  # one row: step 0, nothing trained, nothing validated
     assert row["step"] == "0" and set(row) == {"step"} | {
         f"grad_init/block_{i:02d}/w2" for i in range(3)

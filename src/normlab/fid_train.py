@@ -11,7 +11,7 @@ The LeNet is trained by normlab's own training (`normlab.run.train`) on the conf
 
     <cache dir>/<config hash>-<data checksum>/lenet.pt          (cache dir: outputs/fid_lenet)
 
-keyed by that fully resolved config (paths left out: `normlab.identity.config_hash`) and by a
+keyed by that fully resolved config (paths left out: `normlab.sweep.identity.config_hash`) and by a
 checksum of the Fashion-MNIST files it learns and is tested on, so another recipe, budget or
 data set gets its own file. The file is written atomically (a temp file, then a rename) under a
 lock, so jobs that need it at the same time train it once. Its training run (logs, checkpoints)
@@ -33,9 +33,10 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 import normlab
-from normlab import config, identity
+from normlab import config
 from normlab.errors import ConfigError, UserError
-from normlab.summary import file_lock
+from normlab.sweep import identity
+from normlab.sweep.summary import file_lock
 
 # LeNet + BatchNorm with ReLU, Adam, the test split evaluated; norm statistics not logged
 RECIPE = (
@@ -115,7 +116,7 @@ def train(cfg: DictConfig, out: Path) -> float | None:
     shutil.rmtree(run_dir, ignore_errors=True)  # an interrupted attempt is never resumed
     with open_dict(cfg):
         cfg.paths.output_dir = str(run_dir)
-    result = train_run(cfg)
+    result, _ = train_run(cfg)
     if result["status"] != "ok":
         raise UserError(f"fid_lenet: training the LeNet ended with status {result['status']!r}")
     best = Path(cfg.callbacks.model_checkpoint.dirpath) / "best.ckpt"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import itertools
 import netrc
@@ -9,6 +10,7 @@ import os
 import secrets
 import signal
 import socket
+import threading
 import warnings
 from argparse import Namespace
 from collections.abc import Sequence
@@ -51,7 +53,7 @@ def run_name() -> str | None:
     """A run's name for the trackers: its overrides as typed, comma-joined
     (`norm=groupnorm,batch=2`; "default" for none), without those that say where it writes,
     how it resumes or which trackers log it; None outside a Hydra job."""
-    from normlab.identity import NOT_IDENTITY
+    from normlab.sweep.identity import NOT_IDENTITY
 
     try:
         from hydra.core.hydra_config import HydraConfig
@@ -296,6 +298,27 @@ def check_servers(logger_cfg: DictConfig | None) -> None:
                 f"logger.{name}.tracking_uri={uri}: cannot reach the tracking server: {reason} "
                 f"(connect timeout {PROBE_TIMEOUT_S:g} s); start it, or use another tracking_uri"
             ) from err
+
+
+@contextlib.contextmanager
+def sigterm_ends_run():
+    """SIGTERM raises Lightning's SIGTERMException wherever it lands (a run's trackers end KILLED,
+    finish) instead of ending the process with its tracker runs still RUNNING. Inside
+    fit's and test's loops Lightning's own handler comes first and calls this one: there its loop
+    raises SIGTERMException at the end of the batch."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers belong to the main thread
+        return
+
+    def raise_sigterm(signum: int, frame: Any) -> None:
+        if signal.getsignal(signal.SIGTERM) is raise_sigterm:  # outside Lightning's loops
+            raise SIGTERMException()
+
+    before = signal.signal(signal.SIGTERM, raise_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def killed_by(err: BaseException | None) -> int | None:

@@ -14,7 +14,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from normlab.config import register_resolvers
-from normlab.summary import FIRST_COLUMNS, read_summary
+from normlab.sweep.summary import FIRST_COLUMNS, read_summary
 
 
 def parse_overrides(text: str) -> dict[str, str]:

@@ -1,9 +1,9 @@
 """Running a reproduction's sweeps through `python train.py -m` and finding its jobs again.
 
 Each NAME, budget and grid has one fixed sweep dir (<root>/outputs/reproduce/NAME[-quick]/GRID):
-a second invocation reuses it, and normlab.run.main skips a job only when summary.csv has a
+a second invocation reuses it, and normlab.sweep.jobs skips a job only when summary.csv has a
 finished row for its overrides with the same resolved config and training-code version
-(normlab.identity); a changed config or code reruns it.
+(normlab.sweep.identity); a changed config or code reruns it.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 from normlab import fid_train
 from normlab.analysis.logs import Run, load_sweep, parse_overrides, same_value
 from normlab.analysis.report import JOBS_COLUMNS, Result
-from normlab.hydra_callbacks import EXIT_JOBS_FAILED
+from normlab.sweep.callbacks import EXIT_JOBS_FAILED
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -22,7 +22,7 @@ from lightning.pytorch.trainer.connectors.logger_connector.result import (
 
 from normlab.errors import RunDirError
 from normlab.loggers import ResumableCSVLogger
-from normlab.rundir import probe
+from normlab.sweep.rundir import probe
 
 
 class BestCheckpoint(ModelCheckpoint):

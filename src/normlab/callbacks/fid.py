@@ -10,7 +10,8 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 
-from normlab import fid, fid_train, identity
+from normlab import fid, fid_train
+from normlab.sweep import identity
 
 log = logging.getLogger(__name__)
 

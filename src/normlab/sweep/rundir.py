@@ -2,7 +2,7 @@
 
 `lock` takes an exclusive flock on `<run dir>/.run.lock`, held until the run's process ends (a
 killed holder leaves no stale lock); a second run fails at once, naming the holder. A single
-run's `Guard` is taken by the Hydra callback normlab.hydra_callbacks.RunDirGuard before Hydra
+run's `Guard` is taken by the Hydra callback normlab.sweep.callbacks.RunDirGuard before Hydra
 writes the run dir: it keeps the files Hydra overwrites (`.hydra/*.yaml`) and the length of its
 log, so a run that fails before it starts leaves the dir as it found it (`restore`), and
 `overwrite=true` moves an earlier run aside whole (`move_aside`). Standard library only: the
@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import errno
 import fcntl
+import logging
 import os
 import socket
 import tempfile
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from normlab.errors import RunDirError
 
+log = logging.getLogger(__name__)
 LOCK_FILE = ".run.lock"
 OLD_PREFIX = ".old-"  # <run dir>/.old-<time>/: an earlier run moved aside by overwrite=true
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID")
@@ -67,6 +69,17 @@ def probe(dirs: Iterable[Path]) -> None:
             os.unlink(tmp)
         except OSError as err:
             raise RunDirError(f"cannot write to {folder}: {err.strerror or err}") from err
+
+
+def claim(run_dir: Path, dirs: Iterable[Path], move_aside: bool) -> None:
+    """A run starts writing: its dir and `dirs` (checkpoints) probed (an unwritable one fails
+    now, not after an epoch), an earlier run of another config moved aside when `move_aside`
+    (overwrite=true), and from now on a single run's dir is its own (Guard.start)."""
+    probe([run_dir, *dirs])
+    if move_aside and _guard is not None:
+        log.info("overwrite=true: moved the earlier run to %s", _guard.move_aside())
+    if _guard is not None:
+        _guard.start()
 
 
 def write_error(err: BaseException, run_dir: Path) -> RunDirError | None:

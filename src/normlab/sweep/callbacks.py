@@ -1,4 +1,5 @@
-"""Hydra callbacks (conf: hydra.callbacks), hooks around a run or a sweep, outside any job."""
+"""Hydra callbacks (conf/hydra/default.yaml: hydra.callbacks): hooks around a single run, a
+multirun and each of its jobs, outside the task function."""
 
 from __future__ import annotations
 
@@ -12,18 +13,17 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from normlab import rundir
 from normlab.errors import RunDirError
-from normlab.summary import atomic_write
+from normlab.sweep import jobs, rundir
+from normlab.sweep.jobs import OUTCOMES_ENV
 
-OUTCOMES_ENV = "NORMLAB_SWEEP_OUTCOMES"  # the folder a multirun's jobs leave their status in
 EXIT_JOBS_FAILED = 3  # a multirun ran every job, and some failed or diverged
 
 
 class RunDirGuard(Callback):
     """A single run locks its run dir and keeps what Hydra is about to overwrite there, before
-    Hydra writes (normlab.rundir). A dir in use fails at once, with nothing written; ranks other
-    than 0 share rank 0's dir and hold nothing."""
+    Hydra writes (normlab.sweep.rundir). A dir in use fails at once, with nothing written; ranks
+    other than 0 share rank 0's dir and hold nothing."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         if rundir.other_rank():
@@ -44,12 +44,18 @@ class CreateSweepDir(Callback):
         Path(config.hydra.sweep.dir).mkdir(parents=True, exist_ok=True)
 
 
-def record_outcome(job: int, status: str) -> None:
-    """Leave a multirun job's final status for SweepExitCode: a file named by the job number in
-    the folder $NORMLAB_SWEEP_OUTCOMES (jobs may run in other processes: joblib, submitit)."""
-    folder = os.environ.get(OUTCOMES_ENV)
-    if folder:
-        atomic_write(Path(folder) / str(job), status)
+class SweepJobs(Callback):
+    """A multirun job in its sweep (normlab.sweep.jobs): reused when it finished with the same
+    identity, locked, resumed when stopped; its summary row and outcome written at its end."""
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.get().mode.name == "MULTIRUN":
+            jobs.start(config)
+
+    def on_job_end(self, config: DictConfig, **kwargs: Any) -> None:
+        jobs.end()
 
 
 class SweepExitCode(Callback):

@@ -1,6 +1,6 @@
 """What a sweep job is: its fully resolved config and the version of normlab's code.
 
-A finished job is reused only when both match the earlier run's (normlab.run.main): a changed
+A finished job is reused only when both match the earlier run's (normlab.sweep.jobs): a changed
 experiment yaml, override or default and a changed line of training code all rerun it.
 """
 
@@ -16,8 +16,10 @@ from omegaconf import DictConfig, OmegaConf
 import normlab
 
 SRC = Path(normlab.__file__).resolve().parent
-# Code that never runs inside a training job: editing it must not rerun finished jobs.
-NOT_TRAINING_CODE = ("analysis",)
+# Code that does not decide what a job computes, only which jobs run, where they write and what
+# their sweep records (sweep/), or never runs inside a job (analysis/): editing it must not rerun
+# finished jobs.
+NOT_TRAINING_CODE = ("analysis", "sweep")
 # Config that never reaches a job: the reproductions' declarations (a job's own config records
 # what it ran).
 NOT_TRAINING_CONF = ("reproduce",)
@@ -43,7 +45,8 @@ def config_hash(cfg: DictConfig) -> str:
 
 
 def code_version(conf_dir: Path | None) -> str:
-    """A hash of normlab's training code (src/normlab without analysis/) and of conf/."""
+    """A hash of normlab's training code (src/normlab without NOT_TRAINING_CODE) and of conf/
+    (without NOT_TRAINING_CONF): each file's path below its root and its contents."""
     roots = [(SRC, "src"), *([(Path(conf_dir), "conf")] if conf_dir else [])]
     hasher = hashlib.sha256()
     for root, label in roots:

@@ -25,7 +25,8 @@ import yaml
 from normlab.tables import markdown_table
 
 log = logging.getLogger(__name__)
-# a job's identity (normlab.identity) and whether its row was reused from an earlier invocation
+# a job's identity (normlab.sweep.identity) and whether its row was reused from an earlier
+# invocation
 IDENTITY_COLUMNS = ["reused", "config_hash", "code_version"]
 FIRST_COLUMNS = ["job", "overrides", "status", "error", "wall_time_s", "seed", "run_dir",
                  *IDENTITY_COLUMNS]  # fmt: skip

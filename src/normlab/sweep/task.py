@@ -1,0 +1,148 @@
+"""The Hydra task function of train.py (main): a single run, or a multirun job in its sweep
+(normlab.sweep.jobs). A single run that fails on bad input or diverges exits non-zero with one
+line; a multirun job never raises: its failure is its summary row, and the sweep goes on. A run
+or job ended by Ctrl+C or SIGTERM prints where it is and the command that continues it."""
+
+from __future__ import annotations
+
+import logging
+import math
+import shlex
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, open_dict
+
+from normlab import loggers
+from normlab.errors import ConfigError, user_error
+from normlab.run import train
+from normlab.sweep import jobs, rundir
+from normlab.sweep.resume import LAST, LAST_OR_NEW, read_checkpoint, run_dir
+
+log = logging.getLogger(__name__)
+FAILED: dict[str, Any] = {"status": "failed", "metrics": {}}
+
+
+def _hydra() -> Any | None:
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.get() if HydraConfig.initialized() else None
+
+
+def main(cfg: DictConfig, validated: bool = False) -> float | None:
+    """One run or multirun job of cfg; the metric a sweeper optimizes (objective).
+    `validated`: cfg passed config.validate already (train.py checks a single run's config
+    before torch loads)."""
+    hc = _hydra()
+    if not rundir.other_rank():
+        log.info("run dir: %s", run_dir(cfg).absolute())
+    try:
+        if hc is not None and hc.mode.name == "MULTIRUN":
+            return _sweep_job(cfg)
+        return _single_run(cfg, validated)
+    except BaseException as err:
+        signum = loggers.killed_by(err)
+        if not signum:  # Ctrl+C, SIGTERM: where the run is and how to go on
+            raise
+        if jobs.current() is not None:
+            jobs.current().release()  # type: ignore[union-attr]
+        if not rundir.other_rank():
+            print(interrupted(cfg, hc, signum), file=sys.stderr)
+        raise SystemExit(128 + signum) from None
+
+
+def _single_run(cfg: DictConfig, validated: bool) -> float | None:
+    """train(cfg); a user's error, a failed write or a run that did not end ok: one line."""
+    try:
+        result, _ = train(cfg, validated=validated)
+    except Exception as err:
+        if loggers.killed_by(err):
+            raise
+        cause = user_error(err) or rundir.write_error(err, run_dir(cfg))
+        if cause is None:
+            raise
+        raise SystemExit(f"error: {cause}") from None
+    if result["status"] != "ok":
+        raise SystemExit(f"error: run {result['status']}: {result['note']} ({run_dir(cfg)})")
+    return objective(cfg, result)
+
+
+def _sweep_job(cfg: DictConfig) -> float | None:
+    """The job jobs.start began: reused (its earlier objective), not run, or run (resumed
+    when an earlier invocation stopped it); its result handed to jobs.finish."""
+    job = jobs.current()
+    if job is None:  # SweepJobs (conf/hydra/default.yaml) did not start it
+        log.error("job not run: no sweep job started (hydra.callbacks.sweep_job)")
+        return objective(cfg, FAILED)
+    if job.reused:
+        value = job.before.get(cfg.get("objective") or "")  # type: ignore[union-attr]
+        return float(value) if value not in (None, "") else None
+    if not job.row:  # its run dir is in use by another process
+        return objective(cfg, FAILED)
+    try:
+        checkpoint = _resume_point(cfg, job)
+        result, _ = train(cfg, checkpoint)
+    except Exception as err:  # a failing job is recorded; the sweep goes on
+        log.error("job [%s] failed:\n%s", job.overrides, traceback.format_exc())
+        cause = user_error(err) or rundir.write_error(err, run_dir(cfg)) or err
+        result = {**FAILED, "error": f"{type(cause).__name__}: {cause}"}
+    jobs.finish(job, result, cfg.seed)
+    return objective(cfg, result)
+
+
+def _resume_point(cfg: DictConfig, job: jobs.Job) -> dict[str, Any] | None:
+    """The last.ckpt an unfinished earlier run of the same job left (read once; ckpt_path set
+    to it); None for a new job, or when it is damaged (moved aside: the job runs anew)."""
+    last = run_dir(cfg) / "checkpoints" / "last.ckpt"
+    if not job.same or cfg.get("ckpt_path") is not None or not last.is_file():
+        return None
+    try:
+        checkpoint = read_checkpoint(last, "last.ckpt")
+    except ConfigError as err:  # a run killed while the file was copied in, a full disk
+        aside = last.with_name(f"last.damaged-{time.strftime('%Y%m%d-%H%M%S')}.ckpt")
+        last.replace(aside)
+        log.warning("job [%s]: %s; moved it to %s, running the job from scratch",
+                    job.overrides, err, aside)  # fmt: skip
+        return None
+    log.info("job [%s] was %s: resuming from %s", job.overrides, job.before["status"], last)  # type: ignore[index]
+    with open_dict(cfg):
+        cfg.ckpt_path = LAST
+    return checkpoint
+
+
+def interrupted(cfg: DictConfig, hc: Any, signum: int) -> str:
+    """Two lines for a run or sweep ended by a signal: where it is, and the command that
+    continues it (the same overrides, its dir, and for a single run ckpt_path=last, or
+    last_or_new before its first checkpoint; a multirun skips finished jobs and resumes the
+    others)."""
+    name = signal.Signals(signum).name
+    if hc is not None and hc.mode.name == "MULTIRUN":
+        argv = [a for a in sys.argv[1:] if not a.startswith("hydra.sweep.dir=")]
+        argv = argv if {"-m", "--multirun"} & set(argv) else ["-m", *argv]
+        sweep_dir = Path(hc.sweep.dir).absolute()
+        command = ["python", "train.py", *argv, f"hydra.sweep.dir={sweep_dir}"]
+        return (
+            f"interrupted ({name}): sweep dir {sweep_dir}, job {hc.job.num} in "
+            f"{run_dir(cfg).absolute()}\ncontinue with: {shlex.join(command)}"
+        )
+    here = run_dir(cfg).absolute()
+    last = here / "checkpoints" / "last.ckpt"
+    kept = [o for o in (hc.overrides.task if hc is not None else [])
+            if not o.lstrip("+~").startswith(("ckpt_path=", "hydra.run.dir="))]  # fmt: skip
+    resume = LAST if last.is_file() else LAST_OR_NEW
+    command = ["python", "train.py", *kept, f"hydra.run.dir={here}", f"ckpt_path={resume}"]
+    where = "resumable from checkpoints/last.ckpt" if last.is_file() else "no checkpoint yet"
+    return f"interrupted ({name}): run dir {here}, {where}\ncontinue with: {shlex.join(command)}"
+
+
+def objective(cfg: DictConfig, result: dict[str, Any]) -> float | None:
+    """The metric a sweeper optimizes (cfg.objective, e.g. val/acc); NaN when the run failed."""
+    name = cfg.get("objective")
+    if not name:
+        return None
+    value = result["metrics"].get(name, math.nan)
+    return value if result["status"] == "ok" else math.nan
