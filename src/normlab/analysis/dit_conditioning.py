@@ -74,7 +74,10 @@ def _resample_command(run: Run, threads: int, repo: Path) -> list[str] | None:
     if fid is None:
         return None
     cmd = [sys.executable, "scripts/fid.py", str(ckpt), "--num-threads", str(threads)]
-    lenet = fid.ckpt or fid_train.ensure(  # the run's cached LeNet (found, not trained again)
+    # the run's LeNet; a config from before `features` named a file in `ckpt`, or null: the cache
+    features = fid.get("features", fid.get("ckpt") or fid_train.CACHED)
+    lenet = fid_train.feature_file(  # a cached LeNet is the run's (found, not trained again)
+        features,
         repo / fid.cache_dir,
         fid.lenet_epochs,
         list(fid.lenet_overrides),
