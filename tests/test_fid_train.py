@@ -138,6 +138,12 @@ def test_the_script_retrains_into_out(tmp_path):
     assert callback.lenet.sha256 == fid.file_sha256(out)
 
 
+@pytest.mark.parametrize("features", [None, ""])
+def test_no_features_is_a_one_line_error(features):
+    with pytest.raises(ConfigError, match="give committed, cached or a fid_lenet file"):
+        FIDLeNet(DATA, features=features).setup(None, None, "fit")
+
+
 def test_a_given_file_is_used_as_is(tmp_path):
     callback = FIDLeNet(DATA, features=str(tmp_path / "missing.pt"), cache_dir=str(tmp_path))
     with pytest.raises(ConfigError, match="fid_lenet needs a trained LeNet"):

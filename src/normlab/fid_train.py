@@ -160,6 +160,10 @@ def feature_file(
         return COMMITTED_FILE
     if features == CACHED:
         return ensure(cache_dir, epochs, overrides, data_root, conf_dir)
+    if not isinstance(features, str | os.PathLike) or not str(features):
+        raise ConfigError(
+            f"callbacks.fid.features={features!r}: give {COMMITTED}, {CACHED} or a fid_lenet file"
+        )
     return Path(features)
 
 
