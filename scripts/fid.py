@@ -1,7 +1,7 @@
 """fid_lenet of a DiT checkpoint (EMA weights) against the Fashion-MNIST test set.
 
     python scripts/fid.py CKPT [--num-samples 1000] [--steps 25] [--guidance-scale G]
-                               [--lenet FILE] [--seed 0] [--num-threads 1]
+                               [--lenet committed|cached|FILE] [--seed 0] [--num-threads 1]
 
 Different --seed values draw disjoint starting noise: two seeds of one checkpoint give the
 resampling noise of fid_lenet. The JSON line also reports the sampling time in seconds.
@@ -24,6 +24,7 @@ from omegaconf import OmegaConf
 
 import normlab.config  # registers the resolvers the run's config uses
 from normlab import fid, fid_train
+from normlab.errors import UserError
 
 
 def main() -> None:
@@ -32,7 +33,9 @@ def main() -> None:
     parser.add_argument("--config", type=Path, help="default: CKPT/../../.hydra/config.yaml")
     parser.add_argument(
         "--lenet",
-        help="fid_lenet file (default: normlab.fid_train's cached LeNet, trained if missing)",
+        default=fid_train.COMMITTED,
+        help="committed (default: the committed LeNet), cached (normlab.fid_train's, trained "
+        "if missing) or a fid_lenet file",
     )
     parser.add_argument("--data-root", default=os.environ.get("NORMLAB_DATA", "data"))
     parser.add_argument("--num-samples", type=int, default=1000)
@@ -49,7 +52,9 @@ def main() -> None:
     task = instantiate(cfg.model)
     state = torch.load(args.ckpt, map_location="cpu", weights_only=False)["state_dict"]
     task.load_state_dict(state)
-    features = fid.load_feature_extractor(args.lenet or fid_train.ensure(data_root=args.data_root))
+    features = fid.load_feature_extractor(
+        fid_train.feature_file(args.lenet, data_root=args.data_root)
+    )
     reference = fid.feature_stats(features(fid.fashion_mnist_test_pixels(args.data_root)))
     start = time.perf_counter()
     generated = fid.generate_pixels(
@@ -70,10 +75,14 @@ def main() -> None:
                 else args.guidance_scale,
                 "sample_seconds": round(sample_seconds, 1),
                 "num_threads": args.num_threads,
+                "lenet_sha256": features.sha256[:12],
             }
         )
     )
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except UserError as err:
+        raise SystemExit(f"error: {err}") from None

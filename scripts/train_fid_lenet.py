@@ -1,11 +1,13 @@
-"""Train the LeNet that fid_lenet measures in (normlab.fid_train), or find it cached.
+"""Train a LeNet for fid_lenet to measure in (normlab.fid_train), or find it cached.
 
     python scripts/train_fid_lenet.py [--epochs 5] [--out FILE] [--force] [overrides ...]
 
 Trains LeNet+BN (ReLU) with normlab's own training into
 outputs/fid_lenet/<config hash>-<data checksum>/ unless that file exists (--force: retrain),
 and prints its path; --out also copies it to FILE. Extra arguments are train.py overrides.
-The `fid` callback does the same on first use, so running this first is optional.
+Runs measure in the committed LeNet (normlab.fid.COMMITTED_FILE) unless told otherwise: a file
+trained here is used with callbacks.fid.features=FILE (or =cached, which trains it on first
+use), and its values compare only with values measured in the same file.
 """
 
 from normlab.fid_train import main

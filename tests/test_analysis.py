@@ -730,13 +730,19 @@ def test_dit_conditioning_resamples_each_arms_first_seed_with_its_own_fid_settin
         (run.run_dir / "checkpoints").mkdir()
         (run.run_dir / "checkpoints" / "last.ckpt").write_bytes(b"")
     cfg = OmegaConf.load(runs[0].run_dir / ".hydra" / "config.yaml")
-    cfg.callbacks.fid.update(ckpt="lenet.pt", data_root="data", batch_size=500, steps=25)
+    cfg.callbacks.fid.update(features="lenet.pt", data_root="data", batch_size=500, steps=25)
     OmegaConf.save(cfg, runs[1].run_dir / ".hydra" / "config.yaml")
     cmd = dit_conditioning._resample_command(runs[1], threads=1, repo=tmp_path)
     flags = dict(zip(cmd[3::2], cmd[4::2], strict=True))
     assert cmd[2] == str(runs[1].run_dir / "checkpoints" / "last.ckpt")
     assert flags["--seed"] == "1" and flags["--num-samples"] == "5000"  # the fid seed's next
     assert flags["--guidance-scale"] == "1.0" and flags["--steps"] == "25"
+    assert flags["--lenet"] == "lenet.pt"  # the run's own LeNet
+    del cfg.callbacks.fid["features"]  # a config from before `features`: its file in `ckpt`
+    cfg.callbacks.fid.ckpt = "old.pt"
+    OmegaConf.save(cfg, runs[1].run_dir / ".hydra" / "config.yaml")
+    cmd = dit_conditioning._resample_command(runs[1], threads=1, repo=tmp_path)
+    assert cmd[cmd.index("--lenet") + 1] == "old.pt"
     # a run dir that has its second score is not scored again (no subprocess started)
     (runs[1].run_dir / dit_conditioning.RESAMPLE_FILE).write_text('{"fid_lenet": 1.0}\n')
     dit_conditioning.resample(runs, jobs=2, repo=tmp_path)

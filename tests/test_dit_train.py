@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 
 from normlab import fid
 
@@ -46,7 +47,7 @@ def test_train_experiment_dit_writes_samples_and_fid(tmp_path):
     lenet = random_lenet(tmp_path / "lenet.pt")
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "train.py", "experiment=dit", *TINY_DIT,
-           f"callbacks.fid.ckpt={lenet}", f"hydra.run.dir={run_dir}"]  # fmt: skip
+           f"callbacks.fid.features={lenet}", f"hydra.run.dir={run_dir}"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=os.environ.copy())
     assert proc.returncode == 0, proc.stderr[-3000:]
     grid = run_dir / "samples" / "epoch_000.png"
@@ -65,6 +66,12 @@ def test_train_experiment_dit_writes_samples_and_fid(tmp_path):
     keys = {k for row in rows for k, v in row.items() if v}
     assert {"train/loss_step", "val/loss", "val/fid_lenet", "test/loss"} <= keys
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    # the run records which LeNet it measured in: its sha256, in the log and the hparams
+    sha = fid.file_sha256(lenet)[:12]
+    line = f"val/fid_lenet measures in the LeNet {lenet} (sha256 {sha})"
+    assert line in proc.stderr + proc.stdout
+    hparams = yaml.safe_load((run_dir / "csv" / "hparams.yaml").read_text())
+    assert hparams["fid_lenet_sha256"] == sha
 
     # scripts/fid.py scores the checkpoint: one JSON line with its settings and sampling time
     cmd = [sys.executable, "scripts/fid.py", str(run_dir / "checkpoints" / "last.ckpt"),
@@ -76,6 +83,7 @@ def test_train_experiment_dit_writes_samples_and_fid(tmp_path):
     assert result["num_samples"] == 20 and result["seed"] == 1 and result["steps"] == 2
     assert result["guidance_scale"] == 1.0 and result["num_threads"] == 1
     assert result["fid_lenet"] > 0 and result["sample_seconds"] >= 0
+    assert result["lenet_sha256"] == sha
 
 
 def test_conditioning_sweep_lists_the_four_conditionings():

@@ -9,11 +9,16 @@ with the same LeNet file, the same number of generated images and the same refer
 Like FID it is biased upwards for small sample counts: compare runs at equal `num_samples`.
 
 The LeNet file (`save_feature_extractor`) is self-contained: the network's config (`_target_`
-and arguments), its weights, and the standardization (mean, std) it was trained with.
+and arguments), its weights, and the standardization (mean, std) it was trained with. One file
+is committed with the package (`COMMITTED_FILE`, its sha256 pinned in `COMMITTED_SHA256`) and is
+the default, as Inception's weights are FID's: two trainings of the same recipe give different
+files, so fid_lenet values compare only when measured with the same file. Every load computes
+the file's sha256 (`LeNetFeatures.sha256`), and the committed file must match its pin.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from collections.abc import Mapping
@@ -29,6 +34,10 @@ from normlab.errors import ConfigError
 
 FORMAT = "normlab.fid_lenet/1"
 TRAIN_HINT = "python scripts/train_fid_lenet.py --out {path}"
+# the LeNet every committed fid_lenet value was measured with (normlab.fid_train's recipe,
+# 5 epochs, test/acc 0.9097), shipped as package data
+COMMITTED_FILE = Path(__file__).resolve().parent / "assets" / "fid_lenet.pt"
+COMMITTED_SHA256 = "8d0698580ee702422ccdc08d4a0ab9ddf62e84c2ec27a76d1e89d99e46bcadb1"
 
 
 # ----- the Fréchet distance ------------------------------------------------------------------
@@ -72,10 +81,11 @@ def frechet_distance(
 class LeNetFeatures(nn.Module):
     """Pixels in [0, 1] (N, 1, 28, 28) -> standardized -> the LeNet's penultimate features."""
 
-    def __init__(self, net: nn.Module, mean: float, std: float) -> None:
+    def __init__(self, net: nn.Module, mean: float, std: float, sha256: str = "") -> None:
         super().__init__()
         self.net = net.eval().requires_grad_(False)
         self.mean, self.std = float(mean), float(std)
+        self.sha256 = sha256  # of the file it was loaded from ("": not from a file)
 
     @torch.no_grad()
     def forward(self, pixels: torch.Tensor, batch_size: int = 1000) -> np.ndarray:
@@ -119,13 +129,26 @@ def save_feature_extractor(
     return path
 
 
+def file_sha256(path: str | Path) -> str:
+    """The sha256 hex digest of a file's bytes."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
 def load_feature_extractor(path: str | Path) -> LeNetFeatures:
-    """Read a file written by `save_feature_extractor`; a clear error when it is missing."""
+    """Read a file written by `save_feature_extractor`; a clear error when it is missing, or
+    when it is the committed file and its bytes are not the pinned ones."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(
             f"fid_lenet needs a trained LeNet at {path}: run `{TRAIN_HINT.format(path=path)}` "
             "(a few minutes on a CPU), or drop the metric with callbacks.fid=null"
+        )
+    sha256 = file_sha256(path)
+    if path.resolve() == COMMITTED_FILE.resolve() and sha256 != COMMITTED_SHA256:
+        raise ConfigError(
+            f"fid_lenet: the committed LeNet {path} has sha256 {sha256}, its pin is "
+            f"{COMMITTED_SHA256} (normlab.fid.COMMITTED_SHA256): restore the file, or measure "
+            "with your own with callbacks.fid.features=FILE"
         )
     blob = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(blob, dict) or blob.get("format") != FORMAT:
@@ -135,7 +158,7 @@ def load_feature_extractor(path: str | Path) -> LeNetFeatures:
         )
     net = instantiate(blob["net"])
     net.load_state_dict(blob["state_dict"])
-    return LeNetFeatures(net, blob["mean"], blob["std"])
+    return LeNetFeatures(net, blob["mean"], blob["std"], sha256)
 
 
 def fashion_mnist_test_pixels(root: str | Path) -> torch.Tensor:

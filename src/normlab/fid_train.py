@@ -1,7 +1,11 @@
-"""The LeNet that fid_lenet measures in: its training recipe, its cache, training it on first use.
+"""The LeNet that fid_lenet measures in: which file (`feature_file`), its training recipe, its
+cache, training it on first use.
 
-The one home of that training: `scripts/train_fid_lenet.py`, the `fid` callback (FIDLeNet) and
-the reproductions all come here.
+By default fid_lenet measures in the committed LeNet (normlab.fid.COMMITTED_FILE, trained by
+this recipe and pinned by its sha256), so values compare across machines and versions. A
+retrained one (`features` "cached", or `--out FILE` here) is another feature space: its values
+compare only with values measured in the same file. The one home of that training:
+`scripts/train_fid_lenet.py`, the `fid` callback (FIDLeNet) and scripts/fid.py come here.
 
     python -m normlab.fid_train [--epochs 5] [--cache-dir outputs/fid_lenet] [--out FILE]
                                 [--force] [train.py overrides ...]
@@ -48,10 +52,11 @@ RECIPE = (
     "logger=csv",
     "test=true",
 )
-EPOCHS = 5  # 5 epochs in 0.2 min on an idle 2-core CPU
+EPOCHS = 5  # 5 epochs: 0.3 min on an idle 2-core CPU, 3-8 min on a busy one
 CACHE_DIR = Path("outputs") / "fid_lenet"
 SRC = Path(normlab.__file__).resolve().parents[1]  # the dir holding the normlab package
 REPO_CONF = SRC.parent / "conf"  # conf/ of the source tree normlab is installed from
+COMMITTED, CACHED = "committed", "cached"  # the `features` that are not a file path
 
 
 def compose_recipe(
@@ -95,7 +100,7 @@ def build(
             return out
         say(
             f"fid_lenet: no LeNet cached for this config and data; training one "
-            f"({epochs} epoch{'s' * (epochs != 1)}, seconds each on a CPU) into {out}"
+            f"({epochs} epoch{'s' * (epochs != 1)}, minutes on a busy CPU) into {out}"
         )
         start = time.time()
         test_acc = train(cfg, out)
@@ -137,6 +142,30 @@ def train(cfg: DictConfig, out: Path) -> float | None:
         data_checksum=datamodule.checksum(),
     )
     return test_acc
+
+
+def feature_file(
+    features: str = COMMITTED,
+    cache_dir: str | Path = CACHE_DIR,
+    epochs: int = EPOCHS,
+    overrides: Sequence[str] = (),
+    data_root: str | Path | None = None,
+    conf_dir: str | Path | None = None,
+) -> Path:
+    """The fid_lenet file `features` names: "committed" the packaged LeNet (checked against
+    its pin when loaded), "cached" this recipe's LeNet in `cache_dir` (`ensure`: trained in a
+    child process if missing), anything else a path to a fid_lenet file."""
+    if features == COMMITTED:
+        from normlab.fid import COMMITTED_FILE
+
+        return COMMITTED_FILE
+    if features == CACHED:
+        return ensure(cache_dir, epochs, overrides, data_root, conf_dir)
+    if not isinstance(features, str | os.PathLike) or not str(features):
+        raise ConfigError(
+            f"callbacks.fid.features={features!r}: give {COMMITTED}, {CACHED} or a fid_lenet file"
+        )
+    return Path(features)
 
 
 def ensure(

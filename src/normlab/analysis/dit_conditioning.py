@@ -74,13 +74,18 @@ def _resample_command(run: Run, threads: int, repo: Path) -> list[str] | None:
     if fid is None:
         return None
     cmd = [sys.executable, "scripts/fid.py", str(ckpt), "--num-threads", str(threads)]
-    lenet = fid.ckpt or fid_train.ensure(  # the run's cached LeNet (found, not trained again)
-        repo / fid.cache_dir,
-        fid.lenet_epochs,
-        list(fid.lenet_overrides),
-        fid.data_root,
-        repo / "conf",
-    )
+    # the run's LeNet; a config from before `features` named a file in `ckpt`, or null: the cache
+    features = fid.get("features", fid.get("ckpt") or fid_train.CACHED)
+    if features == fid_train.CACHED:  # the run's cached LeNet (found, not trained again)
+        lenet = fid_train.ensure(
+            repo / fid.cache_dir,
+            fid.lenet_epochs,
+            list(fid.lenet_overrides),
+            fid.data_root,
+            repo / "conf",
+        )
+    else:
+        lenet = fid_train.feature_file(features)
     cmd += ["--lenet", str(lenet), "--data-root", str(fid.data_root)]
     cmd += ["--num-samples", str(fid.num_samples), "--seed", str(int(fid.seed) + 1)]
     cmd += ["--batch-size", str(fid.batch_size)]

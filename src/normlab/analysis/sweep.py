@@ -22,7 +22,6 @@ import pandas as pd
 import yaml
 from omegaconf import OmegaConf
 
-from normlab import fid_train
 from normlab.analysis.logs import Run, load_sweep, parse_overrides, same_value
 from normlab.analysis.report import JOBS_COLUMNS, Result
 from normlab.sweep.callbacks import EXIT_JOBS_FAILED
@@ -317,6 +316,9 @@ def jobs_frame(runs: list[Run]) -> pd.DataFrame:
 
 
 def ensure_fid_lenet(repo: Path) -> None:
-    """val/fid_lenet measures in a trained LeNet: train it once, before the jobs that use it
-    (their `fid` callback finds it in the same cache, normlab.fid_train)."""
-    fid_train.ensure(repo / fid_train.CACHE_DIR, conf_dir=repo / "conf")
+    """val/fid_lenet measures in the committed LeNet: check it against its pinned sha256 before
+    the jobs start (an altered file fails here, once). Nothing is trained; jobs given
+    callbacks.fid.features=cached train their LeNet on first use, once (normlab.fid_train)."""
+    from normlab import fid
+
+    fid.load_feature_extractor(fid.COMMITTED_FILE)

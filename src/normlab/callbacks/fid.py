@@ -1,6 +1,8 @@
 """val/fid_lenet every k epochs: Fréchet distance of EMA samples to the Fashion-MNIST test set
-in a trained LeNet's feature space (not Inception FID; see normlab.fid). The LeNet is a given
-file (`ckpt`) or the cached one of normlab.fid_train, trained on first use."""
+in a trained LeNet's feature space (not Inception FID; see normlab.fid). The LeNet is the
+committed file (`features` "committed", checked against its pinned sha256), a given file, or
+("cached") normlab.fid_train's cached one, trained on first use. The run's trackers record the
+file's sha256 (first 12 hex digits) as the hyperparameter `fid_lenet_sha256`."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ class FIDLeNet(pl.Callback):
     def __init__(
         self,
         data_root: str,
-        ckpt: str | None = None,
+        features: str = fid_train.COMMITTED,
         cache_dir: str = str(fid_train.CACHE_DIR),
         lenet_epochs: int = fid_train.EPOCHS,
         lenet_overrides: Sequence[str] = (),
@@ -33,7 +35,7 @@ class FIDLeNet(pl.Callback):
         seed: int = 0,
         batch_size: int = 500,
     ) -> None:
-        self.ckpt = ckpt
+        self.features = features
         self.data_root = data_root
         self.cache_dir = cache_dir
         self.lenet_epochs = lenet_epochs
@@ -44,22 +46,26 @@ class FIDLeNet(pl.Callback):
         self.guidance_scale = guidance_scale
         self.seed = seed
         self.batch_size = batch_size
-        self.features: fid.LeNetFeatures | None = None
+        self.lenet: fid.LeNetFeatures | None = None
         self.reference = None
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        # the LeNet and the test-set statistics before training: a file given as `ckpt` is used
-        # as is (missing: fails now); otherwise the cached LeNet, trained here on first use
-        if self.features is None:
-            path = self.ckpt or self.lenet()
-            log.info("val/fid_lenet measures in the LeNet %s", path)
-            self.features = fid.load_feature_extractor(path)
-            reference = self.features(fid.fashion_mnist_test_pixels(self.data_root))
+        # the LeNet and the test-set statistics before training (a missing or altered file
+        # fails now; "cached" trains the LeNet here on first use), its sha256 to the trackers
+        if self.lenet is None:
+            path = self.lenet_file()
+            self.lenet = fid.load_feature_extractor(path)
+            sha = self.lenet.sha256[:12]
+            log.info("val/fid_lenet measures in the LeNet %s (sha256 %s)", path, sha)
+            for tracker in trainer.loggers if trainer is not None else ():
+                tracker.log_hyperparams({"fid_lenet_sha256": sha})
+            reference = self.lenet(fid.fashion_mnist_test_pixels(self.data_root))
             self.reference = fid.feature_stats(reference)
 
-    def lenet(self) -> Path:
-        """The cached LeNet of this recipe and data (normlab.fid_train), trained if missing."""
-        return fid_train.ensure(
+    def lenet_file(self) -> Path:
+        """The fid_lenet file `features` names (normlab.fid_train.feature_file)."""
+        return fid_train.feature_file(
+            self.features,
             self.cache_dir,
             self.lenet_epochs,
             self.lenet_overrides,
@@ -78,6 +84,6 @@ class FIDLeNet(pl.Callback):
             self.seed,
             self.batch_size,
         )
-        value = fid.fid_lenet(self.features, generated, self.reference)
+        value = fid.fid_lenet(self.lenet, generated, self.reference)
         log.info("epoch %d: val/fid_lenet=%.3f", trainer.current_epoch, value)
         pl_module.log("val/fid_lenet", value)
