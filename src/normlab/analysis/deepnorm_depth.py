@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from normlab.analysis import deepnorm_slope
 from normlab.analysis.curves import (
     DIVERGED_LOSS,
     VOCAB,
@@ -25,7 +26,6 @@ from normlab.analysis.curves import (
     seed_curves,
     val_loss_rows,
 )
-from normlab.analysis import deepnorm_slope
 from normlab.analysis.logs import Run
 from normlab.analysis.report import Claim, Result
 from normlab.analysis.stats import ABOVE, BELOW, Interval

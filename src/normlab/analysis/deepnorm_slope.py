@@ -27,14 +27,15 @@ from normlab.analysis.stats import ABOVE, BELOW, Interval
 from normlab.tables import markdown_table
 
 PAPER = {
-    "post_grows": "Sec. 4.2 (Thm. 4.2): for vanilla Post-LN ||∆F|| = O(Σ_{i=1}^{2N} ||θ*_i − θ_i||), "
-    "\"the model tends to accumulate the update of each sub-layer, which leads to exploding "
-    "magnitude of model's update\"; Fig. 5: \"fast growth of the magnitude regarding the model "
-    "depth\"",
-    "smaller": "Fig. 5 (6L-6L to 100L-100L): \"DEEPNET has much smaller and more stable updates "
-    "than Post-LN\"",
-    "bounded": "Sec. 4.3: \"the expected model updates for DEEPNET can be bounded by a constant\"; "
-    "its GOAL: \"updated by Θ(η) per SGD step after initialization\"",
+    "post_grows": "Sec. 4.2 (Thm. 4.2): for vanilla Post-LN "
+    "||∆F|| = O(Σ_{i=1}^{2N} ||θ*_i − θ_i||), "
+    '"the model tends to accumulate the update of each sub-layer, which leads to exploding '
+    'magnitude of model\'s update"; Sec. 4.2 on Fig. 5: "fast growth of the magnitude regarding '
+    'the model depth"',
+    "smaller": 'Fig. 5 (6L-6L to 100L-100L): "DEEPNET has much smaller and more stable updates '
+    'than Post-LN"',
+    "bounded": 'Sec. 4.3: "the expected model updates for DEEPNET can be bounded by a constant"; '
+    'its GOAL: "updated by Θ(η) per SGD step after initialization"',
 }
 STEP = 1  # the update after this many steps: the paper's "per SGD step after initialization"
 CEILING = 1.0  # relative update at which the blocks' output is saturated (module docstring)
@@ -65,11 +66,14 @@ def rows(run: Run, seed: int) -> list[tuple]:
     out = []
     for metric in METRICS:
         s = run.series(metric).drop_duplicates("step", keep="last")
-        out += [(a, seed, float(x), metric, float(v))
-                for x, v in zip(s["step"], s[metric], strict=True)]  # fmt: skip
+        out += [
+            (a, seed, float(x), metric, float(v)) for x, v in zip(s["step"], s[metric], strict=True)
+        ]
         if metric == "update/blocks":
-            out += [(a, seed, float(x), "gate/value", float(v))
-                    for x, v in zip(s["step"], s[metric], strict=True)]  # fmt: skip
+            out += [
+                (a, seed, float(x), "gate/value", float(v))
+                for x, v in zip(s["step"], s[metric], strict=True)
+            ]
             out += [(a, seed, float(x), "gate/ceiling", CEILING) for x in s["step"]]
     return out
 
@@ -87,13 +91,17 @@ def arms(data: pd.DataFrame) -> list[str]:
     return sorted(a for a in data["arm"].unique() if is_arm(a))
 
 
-def at_step(data: pd.DataFrame, placement: str, depths: list[int], lr: float,
-            metric: str = "update/blocks") -> pd.DataFrame:  # fmt: skip
+def at_step(
+    data: pd.DataFrame, placement: str, depths: list[int], lr: float, metric: str = "update/blocks"
+) -> pd.DataFrame:
     """The update after STEP steps: a row per seed, a column per depth (NaN where missing)."""
     cols = {}
     for d in depths:
-        sel = data[(data["arm"] == arm(placement, d, lr)) & (data["metric"] == metric)
-                   & (data["x"] == float(STEP))]  # fmt: skip
+        sel = data[
+            (data["arm"] == arm(placement, d, lr))
+            & (data["metric"] == metric)
+            & (data["x"] == float(STEP))
+        ]
         cols[d] = sel.set_index("seed")["value"]
     return pd.DataFrame(cols)
 
@@ -112,32 +120,59 @@ def _lr_text(lr: float) -> str:
 
 
 def _slope_claims(data: pd.DataFrame, depths: list[int], lr: float) -> list[Claim]:
-    post, deep = slopes(at_step(data, "post", depths, lr)), slopes(at_step(data, "deepnorm", depths, lr))
+    post, deep = (
+        slopes(at_step(data, "post", depths, lr)),
+        slopes(at_step(data, "deepnorm", depths, lr)),
+    )
     span = f"depths {', '.join(map(str, depths))}"
-    what = (f"the least-squares slope of log(relative update of the blocks after step {STEP}) on "
-            f"log(depth) over {span}, {_lr_text(lr)}")  # fmt: skip
+    what = (
+        f"the least-squares slope of log(relative update of the blocks after step {STEP}) on "
+        f"log(depth) over {span}, {_lr_text(lr)}"
+    )
     by = {p: tuple(arm(p, d, lr) for d in depths) for p in PLACEMENTS}
     both = pd.concat([post, deep], axis=1, keys=["p", "d"]).dropna()
     return [
-        Claim(f"{_lr_text(lr)}: Post-LN's model update grows with depth (log-log slope > 0)",
-              PAPER["post_grows"], f"Post-LN's {what}", list(post), (0.0, ABOVE),
-              source="paper", arms=by["post"]),
-        Claim(f"{_lr_text(lr)}: DeepNorm's model update grows less with depth than Post-LN's "
-              "(slope difference > 0)", PAPER["smaller"],
-              f"Post-LN's slope minus DeepNorm's ({what})", list(both["p"] - both["d"]),
-              (0.0, ABOVE), source="paper", arms=by["post"] + by["deepnorm"]),
-        Claim(f"{_lr_text(lr)}: DeepNorm's model update is bounded in depth (log-log slope < "
-              f"{FLAT_SLOPE:g})", PAPER["bounded"], f"DeepNorm's {what}", list(deep),
-              (BELOW, FLAT_SLOPE), source="ours", arms=by["deepnorm"],
-              why=f"the paper gives no tolerance for 'a constant'; a slope of {FLAT_SLOPE:g} is "
-              f"at most {(100 / 6) ** FLAT_SLOPE:.1f}x from depth 6 to 100"),
-    ]  # fmt: skip
+        Claim(
+            f"{_lr_text(lr)}: Post-LN's model update grows with depth (log-log slope > 0)",
+            PAPER["post_grows"],
+            f"Post-LN's {what}",
+            list(post),
+            (0.0, ABOVE),
+            source="paper",
+            arms=by["post"],
+        ),
+        Claim(
+            f"{_lr_text(lr)}: DeepNorm's model update grows less with depth than Post-LN's "
+            "(slope difference > 0)",
+            PAPER["smaller"],
+            f"Post-LN's slope minus DeepNorm's ({what})",
+            list(both["p"] - both["d"]),
+            (0.0, ABOVE),
+            source="paper",
+            arms=by["post"] + by["deepnorm"],
+        ),
+        Claim(
+            f"{_lr_text(lr)}: DeepNorm's model update is bounded in depth (log-log slope < "
+            f"{FLAT_SLOPE:g})",
+            PAPER["bounded"],
+            f"DeepNorm's {what}",
+            list(deep),
+            (BELOW, FLAT_SLOPE),
+            source="ours",
+            arms=by["deepnorm"],
+            why=f"the paper gives no tolerance for 'a constant'; a slope of {FLAT_SLOPE:g} is "
+            f"at most {(100 / 6) ** FLAT_SLOPE:.1f}x from depth 6 to 100",
+        ),
+    ]
 
 
 def ratio(data: pd.DataFrame, depth: int, lr: float) -> list[float]:
     """{seed: DeepNorm's relative update / Post-LN's} at one depth and lr, seeds both have."""
-    both = pd.concat([at_step(data, p, [depth], lr)[depth] for p in ("deepnorm", "post")],
-                     axis=1, keys=["d", "p"]).dropna()  # fmt: skip
+    both = pd.concat(
+        [at_step(data, p, [depth], lr)[depth] for p in ("deepnorm", "post")],
+        axis=1,
+        keys=["d", "p"],
+    ).dropna()
     return list(both["d"] / both["p"])
 
 
@@ -183,22 +218,42 @@ def depth_panel(ax: plt.Axes, data: pd.DataFrame) -> None:
         for lr in lrs:
             table = at_step(data, placement, depths, lr)
             intervals = [Interval.of(table[d].dropna(), log=True) for d in depths]
-            ax.plot(depths, [i.mean for i in intervals], styles[lr], marker="o", color=f"C{k}",
-                    label=f"{PLACEMENTS[placement]}, {_lr_text(lr)}")  # fmt: skip
+            ax.plot(
+                depths,
+                [i.mean for i in intervals],
+                styles[lr],
+                marker="o",
+                color=f"C{k}",
+                label=f"{PLACEMENTS[placement]}, {_lr_text(lr)}",
+            )
             if all(i.known for i in intervals):
-                ax.fill_between(depths, [i.low for i in intervals], [i.high for i in intervals],
-                                color=f"C{k}", alpha=0.12)  # fmt: skip
+                ax.fill_between(
+                    depths,
+                    [i.low for i in intervals],
+                    [i.high for i in intervals],
+                    color=f"C{k}",
+                    alpha=0.12,
+                )
             for d in depths:
                 v = table[d].dropna()
                 ax.plot([d] * len(v), v.values, ".", color=f"C{k}", alpha=0.35)
-    ax.axhline(CEILING, color="red", lw=1.0, ls="--",
-               label=f"ceiling {CEILING:g}: saturated (output turned 60°)")  # fmt: skip
-    ax.set(xscale="log", yscale="log", xlabel="depth (blocks)",
-           ylabel=f"||F(x,θ_{STEP}) - F(x,θ_0)|| / ||F(x,θ_0)||, F = the blocks",
-           title=f"DeepNet's model update after step {STEP}, no warmup: geometric mean, 95% CI")
+    ax.axhline(
+        CEILING,
+        color="red",
+        lw=1.0,
+        ls="--",
+        label=f"ceiling {CEILING:g}: saturated (output turned 60°)",
+    )
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="depth (blocks)",
+        ylabel=f"||F(x,θ_{STEP}) - F(x,θ_0)|| / ||F(x,θ_0)||, F = the blocks",
+        title=f"DeepNet's model update after step {STEP}, no warmup: geometric mean, 95% CI",
+    )
     ax.set_xticks(depths, [str(d) for d in depths])
     ax.minorticks_off()
-    ax.legend(fontsize=7, ncol=2)  # fmt: skip
+    ax.legend(fontsize=7, ncol=2)
 
 
 def ratio_panel(ax: plt.Axes, data: pd.DataFrame) -> None:
@@ -207,17 +262,30 @@ def ratio_panel(ax: plt.Axes, data: pd.DataFrame) -> None:
     styles = _styles(lrs)
     for lr in lrs:
         intervals = [Interval.of(ratio(data, d, lr), log=True) for d in depths]
-        ax.errorbar(depths, [i.mean for i in intervals],
-                    yerr=[[i.mean - i.low if i.known else 0.0 for i in intervals],
-                          [i.high - i.mean if i.known else 0.0 for i in intervals]],
-                    fmt=styles[lr], marker="o", color="C2", capsize=3, label=_lr_text(lr))  # fmt: skip
+        ax.errorbar(
+            depths,
+            [i.mean for i in intervals],
+            yerr=[
+                [i.mean - i.low if i.known else 0.0 for i in intervals],
+                [i.high - i.mean if i.known else 0.0 for i in intervals],
+            ],
+            fmt=styles[lr],
+            marker="o",
+            color="C2",
+            capsize=3,
+            label=_lr_text(lr),
+        )
     ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set(xscale="log", yscale="log", xlabel="depth (blocks)",
-           ylabel="DeepNorm's relative update / Post-LN's",
-           title=f"DeepNorm against Post-LN after step {STEP}: geometric mean, 95% CI")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="depth (blocks)",
+        ylabel="DeepNorm's relative update / Post-LN's",
+        title=f"DeepNorm against Post-LN after step {STEP}: geometric mean, 95% CI",
+    )
     ax.set_xticks(depths, [str(d) for d in depths])
     ax.minorticks_off()
-    ax.legend(fontsize=7)  # fmt: skip
+    ax.legend(fontsize=7)
 
 
 def table(data: pd.DataFrame) -> str:
@@ -229,8 +297,14 @@ def table(data: pd.DataFrame) -> str:
             for metric, name in METRICS.items():
                 t = at_step(data, placement, depths, lr, metric)
                 means = [Interval.of(t[d].dropna(), log=True).mean for d in depths]
-                out.append([_lr_text(lr), label, name,
-                            *("n/a" if math.isnan(m) else f"{m:.3g}" for m in means)])  # fmt: skip
+                out.append(
+                    [
+                        _lr_text(lr),
+                        label,
+                        name,
+                        *("n/a" if math.isnan(m) else f"{m:.3g}" for m in means),
+                    ]
+                )
     return markdown_table(["lr", "placement", "F", *(f"depth {d}" for d in depths)], out)
 
 
@@ -243,7 +317,11 @@ def notes(data: pd.DataFrame) -> list[str]:
         "(eval mode). F = the blocks: run on the stream that entered the first block at init, so "
         "the embedding's own change and the head are left out (DeepNet's theorems bound the "
         "update of the N layers; the embedding and head are the same in both placements, and "
-        "the relative measure needs no scale of its own). F = the whole model: the logits, "
+        "the relative measure needs no scale of its own; the paper plots the absolute ||∆F||, "
+        "and as the blocks' output ends in a LayerNorm in both placements, of norm sqrt(d_model) "
+        "per token at init, the relative update is the absolute one over a constant shared by "
+        "every arm). Fig. 5's models are 64-128-2 tiny Transformers of depth 6L-6L to 100L-100L; "
+        "here a decoder of width 64. F = the whole model: the logits, "
         "embedding and head included. Slopes are least squares over the depths within a seed; "
         f"ratios within a seed, averaged on the log scale. The ceiling: {CEILING:g} (the "
         "blocks' output ends in a LayerNorm, so this is an output turned by 60°; unrelated "
