@@ -210,30 +210,21 @@ def _styles(lrs: list[float]) -> dict[float, str]:
 
 
 def depth_panel(ax: plt.Axes, data: pd.DataFrame) -> None:
-    """The blocks' relative update after STEP against depth: geometric mean over seeds (95% CI),
-    seeds as dots, a line per placement and lr; the ceiling drawn."""
+    """The blocks' relative update after STEP against depth: geometric mean over seeds, seeds as
+    dots, a line per placement and lr; the ceiling drawn."""
     depths, lrs = grid(data)
     styles = _styles(lrs)
     for k, placement in enumerate(PLACEMENTS):
         for lr in lrs:
             table = at_step(data, placement, depths, lr)
-            intervals = [Interval.of(table[d].dropna(), log=True) for d in depths]
             ax.plot(
                 depths,
-                [i.mean for i in intervals],
+                [Interval.of(table[d].dropna(), log=True).mean for d in depths],
                 styles[lr],
                 marker="o",
                 color=f"C{k}",
                 label=f"{PLACEMENTS[placement]}, {_lr_text(lr)}",
             )
-            if all(i.known for i in intervals):
-                ax.fill_between(
-                    depths,
-                    [i.low for i in intervals],
-                    [i.high for i in intervals],
-                    color=f"C{k}",
-                    alpha=0.12,
-                )
             for d in depths:
                 v = table[d].dropna()
                 ax.plot([d] * len(v), v.values, ".", color=f"C{k}", alpha=0.35)
@@ -249,11 +240,11 @@ def depth_panel(ax: plt.Axes, data: pd.DataFrame) -> None:
         yscale="log",
         xlabel="depth (blocks)",
         ylabel=f"||F(x,θ_{STEP}) - F(x,θ_0)|| / ||F(x,θ_0)||, F = the blocks",
-        title=f"DeepNet's model update after step {STEP}, no warmup: geometric mean, 95% CI",
+        title=f"DeepNet's model update after step {STEP}, no warmup: geometric mean, seeds",
     )
     ax.set_xticks(depths, [str(d) for d in depths])
     ax.minorticks_off()
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, ncol=2, loc="lower right")
 
 
 def ratio_panel(ax: plt.Axes, data: pd.DataFrame) -> None:
