@@ -22,8 +22,8 @@ from normlab.models.lenet import LeNet
 from normlab.models.lstm import LSTMLM
 from normlab.models.mlp import MLP
 from normlab.models.transformer import GPT
-from normlab.errors import ConfigError, user_error
-from normlab.models.dit import DiT, DiTBlock, build_dit
+from normlab.norms import NormConfigError, norm_partial, norm_traits, register_norm, registry
+from normlab.run import train
 
 SPATIAL_PLUGIN = '''
 from torch import nn

@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from normlab.analysis import deepnorm_slope
 from normlab.analysis.curves import (
     DIVERGED_LOSS,
     VOCAB,
@@ -60,6 +61,9 @@ def extract(runs: list[Run]) -> pd.DataFrame:
     rows = []
     for run in runs:
         a, seed = run.arm, int(run.get("seed"))
+        if deepnorm_slope.is_arm(a):
+            rows += deepnorm_slope.rows(run, seed) if run.status in ("ok", "diverged") else []
+            continue
         if not a.startswith("update/"):
             rows += val_loss_rows(run, a, seed)
             continue
@@ -300,22 +304,32 @@ def _loss_panel(
 
 def render(data: pd.DataFrame) -> Result:
     """The model update against step (no warmup, warmup), the early update against depth, and
-    the val loss curves of the loss grid."""
+    the val loss curves of the loss grid; with the `model_update` grid, DeepNet's relative update
+    of the blocks against depth and DeepNorm's over Post-LN's below them."""
     depths, warmups = update_grid(data)
     deep = loss_depths(data)
+    slope_arms = deepnorm_slope.arms(data)
     styles = _styles(sorted(set(depths) | set(deep)))  # a depth's line style in every panel
-    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    n_rows = 3 if slope_arms else 2
+    fig, axes = plt.subplots(n_rows, 2, figsize=(13, 4.5 * n_rows))
     for ax, warmup in zip((axes[0][0], axes[0][1]), warmups, strict=False):
         _update_panel(ax, data, depths, warmup, styles)
     if depths:
         _early_panel(axes[1][0], data, depths, warmups)
     _loss_panel(axes[1][1], data, deep, styles)
-    fig.suptitle("Depth: Post-LN vs DeepNorm, char-level GPT (d_model 64; DeepNet)")
-    fig.tight_layout()
     claims = [c for w in warmups for c in _update_claims(data, depths, w)] if depths else []
     if deep:
         claims.append(_loss_claim(data, deep[-1]))
-    return Result(fig, claims, _notes(data, depths, warmups, deep))
+    notes, found = _notes(data, depths, warmups, deep), []
+    if slope_arms:
+        deepnorm_slope.depth_panel(axes[2][0], data)
+        deepnorm_slope.ratio_panel(axes[2][1], data)
+        claims += deepnorm_slope.claims(data)
+        notes[-1:-1] = deepnorm_slope.notes(data)  # before the note on scale
+        found = deepnorm_slope.found_gates(data)
+    fig.suptitle("Depth: Post-LN vs DeepNorm, char-level GPT (d_model 64; DeepNet)")
+    fig.tight_layout()
+    return Result(fig, claims, notes, gates=found)
 
 
 def update_table(data: pd.DataFrame, depths: list[int], warmup: int) -> str:
