@@ -1,8 +1,11 @@
-"""Every command the README shows, run as typed from the repository root, shrunk by appended
-options (fewer steps, samples and trials; outputs in a temp dir). Slow: CI runs it.
+"""Every command the README and the pages under docs/ show, run as typed from the repository
+root, shrunk by appended options (fewer steps, samples and trials; outputs in a temp dir). Slow:
+CI runs it.
 
-The commands are read from the README's code blocks, so a command added there is run here; a
-command this file does not know how to shrink fails the test until it is taught one.
+The commands are read from the code blocks of README.md and docs/*.md, so a command added there
+is run here; a command this file does not know how to shrink fails the test until it is taught
+one. (The MLflow UI's commands in docs/runs.md, which are not `python ...`, are run by
+tests/test_trackers.py.)
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+# the files whose code blocks are read: the README, then the docs pages (mkdocs.yml's docs_dir)
+SHOWN = [README, *sorted((REPO / "docs").glob("*.md"))]
 
 # what `python train.py ...` runs get appended, by what they train
 SHRINK = {
@@ -65,14 +70,19 @@ SCRIPT_SHRINK = {
         "{tmp}/bench",
     ],
 }
-# placeholders in the README's usage lines, and what stands for them here
+# placeholders in the pages' usage lines, and what stands for them here
 PLACEHOLDERS = {"NAME": "gn_batch_size"}
 
 
 def readme_commands() -> list[tuple[str, str | None]]:
-    """(command, the error the README shows it printing, or None), from every code block."""
+    """(command, the error the page shows it printing, or None), from every code block of the
+    README and the docs pages."""
+    return [c for path in SHOWN for c in page_commands(path)]
+
+
+def page_commands(path: Path) -> list[tuple[str, str | None]]:
     commands, block, inside = [], [], False
-    for line in README.read_text().splitlines():
+    for line in path.read_text().splitlines():
         if line.startswith("```"):
             if inside:
                 commands += block_commands(block)
@@ -111,7 +121,7 @@ def shrunk(command: str, tmp: Path) -> list[str]:
         return [*argv[:2], *train_args(argv[2:], tmp)]
     script = Path(argv[1]).name
     if script not in SCRIPT_SHRINK:
-        raise AssertionError(f"the README runs {argv[1]}: teach this test how to shrink it")
+        raise AssertionError(f"the docs run {argv[1]}: teach this test how to shrink it")
     if "--list" in argv:
         return argv
     if "--readme" in argv or "--redraw" in argv:  # they read the committed results under --root
@@ -168,6 +178,7 @@ COMMANDS = distinct(readme_commands())
 
 def test_the_readme_shows_the_commands_this_file_expects():
     shown = [c for c, _ in COMMANDS]
+    assert page_commands(REPO / "docs" / "runs.md"), "the docs pages' commands are read too"
     assert "python train.py" in shown
     assert any(c.startswith("python train.py experiment=dit") for c in shown)
     assert any(e for _, e in COMMANDS), "the README's example of a one-line error"
@@ -198,8 +209,9 @@ def test_readme_command_works_as_typed(command, error, tmp_path):
 
 
 def test_readme_python_example_runs():
-    """The README's Python example of the norms API, with a model for its `model`."""
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    """The Python example of the norms API (docs/norms.md), with a model for its `model`."""
+    text = "".join(path.read_text() for path in SHOWN)
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
     (example,) = [b for b in blocks if "create_norm(" in b]
     import torch
 
@@ -208,7 +220,7 @@ def test_readme_python_example_runs():
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 64, 3), create_norm("batchnorm", 64))
     model(torch.randn(4, 3, 8, 8))  # running statistics off their init
     scope = {"model": model}
-    exec(compile(example, "README.md", "exec"), scope)
+    exec(compile(example, "docs/norms.md", "exec"), scope)
     assert isinstance(scope["folded"], torch.nn.Module)
     x = torch.randn(2, 3, 8, 8)
     torch.testing.assert_close(scope["folded"](x), model.eval()(x), rtol=1e-4, atol=1e-5)

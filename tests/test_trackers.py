@@ -6,7 +6,9 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import shlex
+import shutil
 import signal
 import socket
 import struct
@@ -25,6 +27,7 @@ from test_train import run_cli
 
 from normlab import loggers
 from normlab.config import _slug
+from normlab.data.integrity import cache_dir
 
 TRACKERS = ["logger=[wandb,mlflow]", "batch=16", *TINY]
 
@@ -250,22 +253,54 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+# the MLflow UI's environment as docs/runs.md makes it, and where the test makes it instead
+UI_DOCS, UI_ENV = REPO / "docs" / "runs.md", "~/.venvs/mlflow-ui"
+
+
+def mlflow_ui_commands() -> tuple[list[str], str]:
+    """docs/runs.md's code block that runs `mlflow ui`: (the lines that make its environment,
+    the line that starts it), comments dropped."""
+    blocks = re.findall(r"```bash\n(.*?)```", UI_DOCS.read_text(), flags=re.S)
+    (block,) = [b for b in blocks if "mlflow ui" in b]
+    *setup, start = [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
+    assert UI_ENV in start and all(UI_ENV in line for line in setup), block
+    return setup, start
+
+
+def mlflow_ui(store: Path, port: int) -> tuple[list[str], dict[str, str]]:
+    """The docs' `mlflow ui` command (its environment made as the docs make it, once, in
+    $NORMLAB_CACHE/mlflow-ui), on `store` at 127.0.0.1:port; or $NORMLAB_MLFLOW_UI's command."""
+    setup, start = mlflow_ui_commands()
+    env_dir = cache_dir() / "mlflow-ui"
+    given = os.environ.get("NORMLAB_MLFLOW_UI")
+    if not given and not (env_dir / ".complete").is_file():
+        shutil.rmtree(env_dir, ignore_errors=True)  # a half-made one from an interrupted test
+        for line in setup:
+            made = subprocess.run(line.replace(UI_ENV, str(env_dir)), shell=True, timeout=1800,
+                                  capture_output=True, text=True)  # fmt: skip
+            assert made.returncode == 0, f"{line}\n{made.stdout[-2000:]}\n{made.stderr[-2000:]}"
+        (env_dir / ".complete").touch()
+    words = shlex.split(start.replace(UI_ENV, str(env_dir)))
+    env = dict(os.environ)
+    while "=" in words[0]:  # the command's environment settings (MLFLOW_ALLOW_FILE_STORE=true)
+        key, value = words.pop(0).split("=", 1)
+        env[key] = value
+    if given:
+        words = [*shlex.split(given), *words[words.index("ui") :]]
+    words[words.index("--backend-store-uri") + 1] = f"file:{store}"
+    return [*words, "--host", "127.0.0.1", "--port", str(port)], env
+
+
 @pytest.mark.slow
 def test_mlflow_ui_reads_a_run_back_from_the_project_store(tmp_path):
-    """The README's `mlflow ui` on the project store, on 127.0.0.1: a run read back through its
-    REST API. The UI's command: $NORMLAB_MLFLOW_UI (e.g. an environment of its own, README
-    "Trackers"), else this environment's `python -m mlflow` (skipped, with its error, when the
-    full mlflow package cannot start here)."""
+    """The MLflow UI as docs/runs.md starts it, on a store a tiny run wrote, on 127.0.0.1: the
+    run read back through its REST API, then the server stopped."""
     run_cli("logger=[csv,mlflow]", "norm=groupnorm", "batch=16", *TINY,
             f"hydra.run.dir={tmp_path / 'run'}", f"paths.output_root={tmp_path}")  # fmt: skip
-    given = os.environ.get("NORMLAB_MLFLOW_UI")
-    ui = shlex.split(given) if given else [sys.executable, "-m", "mlflow"]
-    port = free_port()
-    env = {**os.environ, "MLFLOW_ALLOW_FILE_STORE": "true"}
-    cmd = [*ui, "ui", "--backend-store-uri", f"file:{tmp_path / 'mlruns'}", "--host",
-           "127.0.0.1", "--port", str(port)]  # fmt: skip
+    cmd, env = mlflow_ui(tmp_path / "mlruns", free_port())
+    assert env.get("MLFLOW_ALLOW_FILE_STORE") == "true"
     server = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    api = f"http://127.0.0.1:{port}/api/2.0/mlflow"
+    api = f"http://127.0.0.1:{cmd[-1]}/api/2.0/mlflow"
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -277,11 +312,12 @@ def test_mlflow_ui_reads_a_run_back_from_the_project_store(tmp_path):
             except OSError:
                 if server.poll() is not None:
                     out = server.stdout.read().decode(errors="replace").strip()
-                    if not given:
-                        pytest.skip(f"mlflow ui cannot start here: {out.splitlines()[-1]}")
-                    raise AssertionError(out[-3000:]) from None
+                    raise AssertionError(f"{shlex.join(cmd)}\n{out[-3000:]}") from None
                 assert time.monotonic() < deadline, "mlflow ui did not answer in 120 s"
                 time.sleep(1)
+        with request.urlopen(f"http://127.0.0.1:{cmd[-1]}/", timeout=10) as answer:
+            page = answer.read().decode(errors="replace")
+        assert "<html" in page.lower()  # the UI itself, not only its REST API
         body = json.dumps({"experiment_ids": [experiment["experiment_id"]]}).encode()
         search = request.Request(f"{api}/runs/search", data=body,
                                  headers={"Content-Type": "application/json"})  # fmt: skip

@@ -1,4 +1,4 @@
-"""A run dir belongs to one run at a time and holds one config's run (README "Runs").
+"""A run dir belongs to one run at a time and holds one config's run (docs/reliability.md).
 
 `lock` takes an exclusive flock on `<run dir>/.run.lock`, held until the run's process ends (a
 killed holder leaves no stale lock); a second run fails at once, naming the holder. A single
