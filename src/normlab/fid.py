@@ -134,6 +134,16 @@ def file_sha256(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+def _net_config(net: dict) -> dict:
+    """A file's LeNet config; one written before norm configs were partials (`norm: {name: X,
+    <keywords>}`, as the committed file) reads as `norm_layer: norm_partial(X, <keywords>)`."""
+    legacy = net.get("norm")
+    if not (isinstance(legacy, dict) and "name" in legacy and "norm_layer" not in net):
+        return net
+    layer = {"_target_": "normlab.norms.norm_partial", **legacy}
+    return {**{k: v for k, v in net.items() if k != "norm"}, "norm_layer": layer}
+
+
 def load_feature_extractor(path: str | Path) -> LeNetFeatures:
     """Read a file written by `save_feature_extractor`; a clear error when it is missing, or
     when it is the committed file and its bytes are not the pinned ones."""
@@ -156,7 +166,7 @@ def load_feature_extractor(path: str | Path) -> LeNetFeatures:
             f"{path} is not a fid_lenet file ({FORMAT}); rebuild it: "
             + TRAIN_HINT.format(path=path)
         )
-    net = instantiate(blob["net"])
+    net = instantiate(_net_config(blob["net"]))
     net.load_state_dict(blob["state_dict"])
     return LeNetFeatures(net, blob["mean"], blob["std"], sha256)
 
