@@ -119,7 +119,7 @@ class CountClaim:
     arms: tuple[str, ...] = ()  # gates: only those that do not judge the event itself
     final: bool = False
     region: tuple[float, float] = (0.0, stats.ABOVE)  # the paper's side: a fails more often
-    ci_method: ClassVar[str] = "Newcombe's (Wilson score) interval"
+    ci_method: ClassVar[str] = "a difference of fractions: Newcombe's (Wilson score) interval"
 
     def __post_init__(self) -> None:
         check_source(self)
@@ -149,7 +149,7 @@ class CountClaim:
         k_a, n_a, k_b, n_b = self.counts
         side, _ = stats.region_text(self.region)
         return (
-            f"per seed: {self.quantity} ({k_a} of {n_a} against {k_b} of {n_b}); the "
+            f"counted over seeds: {self.quantity} ({k_a} of {n_a} against {k_b} of {n_b}); the "
             f"difference of the fractions, with Newcombe's 95% interval. Holds if Fisher's "
             f"exact test (two-sided) gives p < {1 - stats.LEVEL:.2f} with the difference "
             f"{side}; does not hold if p < {1 - stats.LEVEL:.2f} the other way; otherwise "
