@@ -290,7 +290,9 @@ def main(argv: list[str] | None = None) -> None:
         "--readme", action="store_true", help="rewrite README's Results table from claims files"
     )
     parser.add_argument(
-        "--grids", help="comma-separated grids to run; their arms replace those in the evidence"
+        "--grids",
+        help="comma-separated grids (or fixed arms, e.g. dit/layernorm) to run; their arms "
+        "replace those in the evidence",
     )
     parser.add_argument("--norm", help="a registered norm to add as an arm (norm=custom)")
     parser.add_argument(

@@ -330,8 +330,11 @@ def test_with_norm_adds_a_users_norm_to_the_grids_that_compare_norms():
     with pytest.raises(ValueError, match="registered norm"):
         REPRODUCTIONS["dyt_vs_ln"].with_norm("x y", None)
     assert [g.name for g in repro.only(["gpt-meanonly"]).grids] == ["gpt-meanonly"]
-    with pytest.raises(ValueError, match="no grid nope"):
+    with pytest.raises(ValueError, match="no grid or arm nope"):
         repro.only(["nope"])
+    one_arm = repro.only(["dit/layernorm", "gpt-meanonly"]).grids
+    assert [(g.name, g.arm) for g in one_arm] == [("dit", "dit/layernorm"),
+                                                  ("gpt-meanonly", "gpt/meanonly")]  # fmt: skip
 
 
 def test_grids_option_replaces_only_its_arms_in_the_evidence(tmp_path):
@@ -352,7 +355,7 @@ def test_norm_and_grids_options_are_checked_before_any_work(tmp_path):
     done = reproduce("ln_rnn", "--norm", "meanonly", root=tmp_path)
     assert done.returncode != 0 and "fixed arms" in done.stderr
     done = reproduce("dyt_vs_ln", "--grids", "nope", root=tmp_path)
-    assert done.returncode != 0 and "no grid nope" in done.stderr
+    assert done.returncode != 0 and "no grid or arm nope" in done.stderr
     done = reproduce("dyt_vs_ln", "--plugin", "examples.my_norm", root=tmp_path)
     assert done.returncode != 0 and "--plugin goes with --norm" in done.stderr
     assert not (tmp_path / "outputs" / "reproduce").exists()

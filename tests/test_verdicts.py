@@ -219,3 +219,23 @@ def test_an_arms_name_interpolates_the_keys_its_grid_sweeps(compose, tmp_path):
     cfg = compose([f"experiment={warmup.experiment}", *warmup.overrides, "placement=post",
                    "optim.optimizer.lr=0.002", "optim.warmup_steps=0"], tmp_path)  # fmt: skip
     assert cfg.arm == "post/lr0.002/w0"
+
+
+def test_proportions_give_newcombes_interval_and_fishers_exact_p():
+    # Newcombe (1998), Table II, example (a): 56/70 vs 48/80 -> 0.2000 (0.0524, 0.3339)
+    interval, p = stats.proportions(56, 70, 48, 80)
+    assert interval.mean == pytest.approx(0.2)
+    assert (interval.low, interval.high) == pytest.approx((0.0524, 0.3339), abs=5e-4)
+    assert p == pytest.approx(scipy_stats.fisher_exact([[56, 14], [48, 32]])[1])
+
+
+def test_a_count_claim_is_decided_by_fishers_test_on_the_side_of_the_difference():
+    def claim(counts):
+        return report.CountClaim("a fails more", "paper number", "failed seeds", counts,
+                                 source="paper")  # fmt: skip
+
+    assert claim((8, 8, 0, 8)).verdict == stats.HOLDS  # p = 0.00016
+    assert claim((0, 8, 8, 8)).verdict == stats.FAILS
+    assert claim((3, 8, 1, 8)).verdict == stats.UNDECIDED  # p = 0.57
+    decision = gates.decide([claim((8, 8, 0, 8))], [], 3, 12)[0]
+    assert decision.holm == stats.HOLDS and decision.p_value < 0.001

@@ -2,7 +2,8 @@
 
 Before a claim is read, its arms answer a reviewer's first questions, from runs.csv alone:
 - trained: each seed's final val loss lies further than TRAINED_MARGIN below the trivial
-  predictor's loss (ln 10 for 10 classes, the unigram loss for a character LM);
+  predictor's loss (ln 10 for 10 classes, the unigram loss for a character LM, 1 for a
+  diffusion model's noise prediction);
 - converged (for claims that compare final values): each seed's train loss improved by less
   than CONVERGED_GAIN over the last 20% of its steps (the mean of the logged losses in the
   last 10% of steps against the mean of those in the 10% before the last 20%: a window each, so
@@ -37,7 +38,8 @@ WORDS = {"trained": "did not train", "converged": "still improving",
          "not saturated": "saturated"}  # fmt: skip
 RULES = {
     "trained": f"each seed's final val loss below {1 - TRAINED_MARGIN:g} x the trivial "
-    "predictor's (ln 10 for 10 classes; the unigram loss of a character LM)",
+    "predictor's (ln 10 for 10 classes; the unigram loss of a character LM; 1, the noise's "
+    "variance, for a diffusion model)",
     "converged": f"each seed's train loss improved by less than {CONVERGED_GAIN:.0%} over its "
     "last 20% of steps (mean of the logged losses in the last 10% of steps vs. in the 10% "
     "before the last 20%)",
@@ -78,7 +80,11 @@ def unigram_loss(path: str, val_fraction: float = 0.1) -> float:
 
 
 def trivial_loss(run: Run) -> float:
-    """The trivial predictor's loss for a job's data: ln(classes), or the unigram loss."""
+    """The trivial predictor's loss for a job's data: ln(classes), the unigram loss, or for a
+    diffusion model's noise prediction 1 (predicting zero noise: the MSE is the noise's unit
+    variance)."""
+    if "Diffusion" in str(run.setting("model._target_", "")):
+        return 1.0
     target = str(run.setting("data._target_", ""))
     if "Shakespeare" not in target:  # the image data sets: 10 classes
         return math.log(10)
@@ -202,6 +208,8 @@ def _values(claim) -> tuple[list[float], tuple[float, float], bool] | None:
 
 
 def _p(claim) -> float:
+    if hasattr(claim, "p_value"):  # a test of its own (CountClaim: Fisher's exact test)
+        return claim.p_value
     if hasattr(claim, "parts"):  # any of k parts: Bonferroni within the claim
         ps = [stats.p_value(p.values, p.region, p.log) for p in claim.parts.values()]
         ps = [p for p in ps if not math.isnan(p)]

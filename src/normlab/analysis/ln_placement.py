@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from normlab.analysis import gates
 from normlab.analysis.curves import (
     DIVERGED_LOSS,
     VOCAB,
@@ -27,7 +28,7 @@ from normlab.analysis.curves import (
     val_loss_rows,
 )
 from normlab.analysis.logs import Run
-from normlab.analysis.report import AnyClaim, Claim, Result
+from normlab.analysis.report import AnyClaim, Claim, CountClaim, Result
 from normlab.analysis.stats import ABOVE, BELOW, Interval
 
 # ----- the paper's claims (Xiong et al. 2020, "On Layer Normalization in the Transformer") -----
@@ -45,45 +46,73 @@ PRE_MARGIN = 0.05  # nats: Pre-LN "reaches" Post-LN's quality = at most this muc
 
 INIT = "ln_placement_init"
 PLACEMENTS = {"post": "Post-LN", "pre": "Pre-LN"}
-GRAD_KEY = re.compile(r"^grad_init/block_(\d+)/w2$")
-INIT_ARM = re.compile(r"^init/(?P<placement>\w+)/d(?P<depth>\d+)$")
+GRAD_KEY = re.compile(r"^grad_init/block_(\d+)/(w2|w2_enc|w2_dec)$")
+# the GPT as `init` with unit-scale embeddings; the 6-6 encoder-decoder, per stack
+INIT_GRIDS = {"init": "GPT", "init_unit": "GPT, unit-scale embeddings"}
+STACKS = {"w2_enc": "encoder", "w2_dec": "decoder"}
+TRAINED = " (trained seeds)"  # an arm's seeds that trained in both arms of a warmup pair
 WARMUP_ARM = re.compile(r"^(?P<placement>\w+)/lr(?P<lr>[^/]+)/w(?P<warmup>\d+)$")
 
 
 # ----- run logs -> runs.csv -------------------------------------------------------------------
 
 
-def grad_at_init(run: Run) -> list[float]:
-    """grad_init/block_XX/w2 (logged at step 0) in block order."""
-    cols = sorted((int(m.group(1)), c) for c in run.metrics.columns if (m := GRAD_KEY.match(c)))
-    rows = run.metrics.dropna(subset=[cols[0][1]]) if cols else pd.DataFrame()
-    return [float(rows.iloc[0][c]) for _, c in cols] if len(rows) else []
+def grad_at_init(run: Run) -> dict[str, list[float]]:
+    """{name: grad_init/block_XX/<name> in block order} (logged at step 0): w2 for the GPT,
+    w2_enc and w2_dec for the encoder-decoder."""
+    found: dict[str, list[tuple[int, str]]] = {}
+    for c in run.metrics.columns:
+        if m := GRAD_KEY.match(c):
+            found.setdefault(m.group(2), []).append((int(m.group(1)), c))
+    out = {}
+    for name, cols in found.items():
+        rows = run.metrics.dropna(subset=[sorted(cols)[0][1]])
+        if len(rows):
+            out[name] = [float(rows.iloc[0][c]) for _, c in sorted(cols)]
+    return out
 
 
 def extract(runs: list[Run]) -> pd.DataFrame:
-    """Per init job: W2's gradient norm per layer (x = layer index from 1). Per warmup job: the
-    val loss curve (x = steps trained), its last val loss and whether it diverged (1 or 0)."""
+    """Per init job: W2's gradient norm per layer (x = layer index from 1; grad_init/w2, or
+    grad_init/w2_enc and _dec). Per warmup job: the val loss curve (x = steps trained), its last
+    val loss, whether it diverged (1 or 0), and the rows of its gates."""
     rows = []
     for run in runs:
         a, seed = run.arm, int(run.get("seed"))
-        if a.startswith("init/"):
+        if a.split("/")[0] in (*INIT_GRIDS, "encdec"):
             if run.status == "ok":
-                rows += [
-                    (a, seed, float(i + 1), "grad_init/w2", g)
-                    for i, g in enumerate(grad_at_init(run))
-                ]
+                rows += [(a, seed, float(i + 1), f"grad_init/{name}", g)
+                         for name, grads in grad_at_init(run).items()
+                         for i, g in enumerate(grads)]  # fmt: skip
             continue
         rows += val_loss_rows(run, a, seed)
+        if run.status in ("ok", "diverged"):
+            rows += gates.gate_rows(run, a, seed)
     return pd.DataFrame(rows, columns=["arm", "seed", "x", "metric", "value"])
 
 
 # ----- runs.csv -> claims and figure ----------------------------------------------------------
 
 
-def grad_norms(data: pd.DataFrame, placement: str, depth: int) -> pd.DataFrame:
+def grad_norms(data: pd.DataFrame, arm: str, name: str = "w2") -> pd.DataFrame:
     """W2's gradient norm at init: a row per seed, a column per layer index."""
-    rows = metric(data, f"init/{placement}/d{depth}", "grad_init/w2")
+    rows = metric(data, arm, f"grad_init/{name}")
     return rows.pivot(index="seed", columns="x", values="value")
+
+
+def grad_panels(data: pd.DataFrame) -> list[tuple[str, dict[str, str], str]]:
+    """(title, {placement: arm}, metric name) of every gradient-at-init profile in runs.csv: the
+    GPT per grid and depth, then the encoder-decoder's encoder and decoder."""
+    panels = []
+    for grid, model in INIT_GRIDS.items():
+        depths = sorted({int(a.split("/d")[-1]) for a in data["arm"].unique()
+                         if a.startswith(grid + "/")})  # fmt: skip
+        panels += [(f"{model}, depth {d}", {p: f"{grid}/{p}/d{d}" for p in PLACEMENTS}, "w2")
+                   for d in depths]  # fmt: skip
+    if data["arm"].str.startswith("encdec/").any():
+        panels += [(f"6-6 encoder-decoder, {stack}", {p: f"encdec/{p}" for p in PLACEMENTS}, name)
+                   for name, stack in STACKS.items()]  # fmt: skip
+    return panels
 
 
 def slopes(table: pd.DataFrame) -> list[float]:
@@ -119,65 +148,127 @@ def best_lr(data: pd.DataFrame, placement: str, lrs: list[float], warmup: int) -
     return min(means, key=means.get) if means else None
 
 
-def _grad_claims(data: pd.DataFrame, depths: list[int]) -> list[Claim]:
-    """Per depth: Post-LN's slope above 0, Pre-LN's below MAX_PRE_SLOPE."""
+def _grad_claims(data: pd.DataFrame) -> list[Claim]:
+    """Per profile: Post-LN's slope above 0; Pre-LN's within +-MAX_PRE_SLOPE (flat)."""
     claims = []
-    for depth in depths:
+    for title, arms, name in grad_panels(data):
+        layers = grad_norms(data, arms["post"], name).shape[1]
         quantity = (
-            "slope of ln(||dL/dW2||) against the layer index (least squares over the "
-            f"{depth} layers; ||dL/dW2|| averaged over the batches), per layer"
+            f"slope of ln(||dL/dW2||) against the layer index (least squares over the {layers} "
+            "layers; ||dL/dW2|| averaged over the batches), per layer"
         )
-        claims.append(
-            Claim(
-                f"Post-LN, depth {depth}: W2's gradient norm at init grows with the layer index",
-                PAPER["grad_post"],
-                quantity,
-                slopes(grad_norms(data, "post", depth)),
-                (0.0, ABOVE),
-                source="paper",
-            )
-        )
-        claims.append(
-            Claim(
-                f"Pre-LN, depth {depth}: W2's gradient norm at init does not grow with the layer "
-                f"index (slope below {MAX_PRE_SLOPE:g} per layer: under "
-                f"{100 * math.expm1(MAX_PRE_SLOPE):.0f}% growth a layer)",
-                PAPER["grad_pre"],
-                quantity,
-                slopes(grad_norms(data, "pre", depth)),
-                (BELOW, MAX_PRE_SLOPE),
-                source="ours",
-                why=f"the paper shows Pre-LN's profile flat; the bound {MAX_PRE_SLOPE:g} a layer "
-                "is this suite's",
-            )
-        )
+        claims.append(Claim(
+            f"Post-LN, {title}: W2's gradient norm at init grows with the layer index",
+            PAPER["grad_post"], quantity, slopes(grad_norms(data, arms["post"], name)),
+            (0.0, ABOVE), source="paper",
+        ))  # fmt: skip
+        claims.append(Claim(
+            f"Pre-LN, {title}: W2's gradient norm at init is flat over the layers (|slope| below "
+            f"{MAX_PRE_SLOPE:g} per layer: within {100 * math.expm1(MAX_PRE_SLOPE):.0f}% a layer)",
+            PAPER["grad_pre"], quantity, slopes(grad_norms(data, arms["pre"], name)),
+            (-MAX_PRE_SLOPE, MAX_PRE_SLOPE), source="ours",
+            why=f"the paper shows Pre-LN's profile flat; the band +-{MAX_PRE_SLOPE:g} a layer is "
+            "this suite's",
+        ))  # fmt: skip
     return claims
 
 
-def _warmup_claims(data: pd.DataFrame, lrs: list[float], warm: int) -> list[Claim | AnyClaim]:
-    """Post-LN needs warmup per lr and at some lr; Pre-LN without it reaches Post-LN with it."""
-    quantity = (
+def _stuck(data: pd.DataFrame, arm: str) -> pd.Series | None:
+    """{seed: 1 if it did not train (diverged, or final val loss within the trained gate's
+    margin of the unigram loss), else 0}; None for an arm without gate rows (older runs)."""
+    trivial = metric(data, arm, "gate/trivial_loss")
+    if trivial.empty:
+        return None
+    bound = (1 - gates.TRAINED_MARGIN) * float(trivial["value"].iloc[0])
+    return (final_loss(data, arm) >= bound).astype(int)
+
+
+def _counted(data: pd.DataFrame, lr: float, warm: int) -> bool:
+    """Whether both Post-LN arms at lr have gate rows, so their seeds can be counted."""
+    return all(_stuck(data, _arm("post", lr, w)) is not None for w in (0, warm))
+
+
+def _trained_pair(data: pd.DataFrame, lr: float, warm: int) -> tuple[pd.DataFrame, list[int]]:
+    """Runs.csv rows of Post-LN's two arms at lr (without and with warmup) on the seeds that
+    trained in both, under the arms' names + TRAINED (their gates are those seeds'), and the
+    seeds."""
+    a, b = _arm("post", lr, 0), _arm("post", lr, warm)
+    both = (_stuck(data, a) == 0) & (_stuck(data, b) == 0)
+    seeds = sorted(both[both].index)
+    rows = data[data["arm"].isin([a, b]) & data["seed"].isin(seeds)]
+    return rows.assign(arm=rows["arm"] + TRAINED), seeds
+
+
+def _count_claims(data: pd.DataFrame, lr: float, warm: int) -> tuple[CountClaim, Claim]:
+    """At one lr: how often Post-LN did not train without warmup against with it (Fisher), and
+    the paired gap among the seeds that trained in both."""
+    a, b = _arm("post", lr, 0), _arm("post", lr, warm)
+    stuck_a, stuck_b = _stuck(data, a), _stuck(data, b)
+    rows, seeds = _trained_pair(data, lr, warm)
+    count = CountClaim(
+        f"Post-LN at lr {lr:g}: without warmup more seeds fail to train than with {warm} steps",
+        PAPER["post_warmup"],
+        "seeds that did not train (diverged, or a final val loss within "
+        f"{gates.TRAINED_MARGIN:.0%} of the unigram loss) without warmup against with it",
+        (int(stuck_a.sum()), len(stuck_a), int(stuck_b.sum()), len(stuck_b)),
+        source="ours",
+        why="the paper shows Post-LN failing without warmup (8.45 BLEU); counting failed seeds "
+        "is this suite's reading of it at this scale",
+    )  # fmt: skip
+    gap = Claim(
+        f"Post-LN at lr {lr:g}, seeds that trained in both: without warmup the val loss is more "
+        f"than {MIN_LOSS_GAP:g} nats worse",
+        PAPER["post_warmup"],
+        f"Post-LN's final val loss without warmup minus with {warm} warmup steps, nats, over the "
+        f"seeds that trained in both arms ({', '.join(map(str, seeds)) or 'none'})",
+        paired(final_loss(rows, a + TRAINED), final_loss(rows, b + TRAINED)),
+        (MIN_LOSS_GAP, ABOVE),
+        source="ours",
+        why=f"the paper shows warmup needed; the {MIN_LOSS_GAP:g}-nat margin is this suite's",
+        arms=(a + TRAINED, b + TRAINED),
+        final=True,
+    )  # fmt: skip
+    return count, gap
+
+
+def _gap_claim(data: pd.DataFrame, lr: float, warm: int) -> Claim:
+    """At one lr without gate rows (older runs): the paired gap over every seed."""
+    return Claim(
+        f"Post-LN needs warmup at lr {lr:g}: without it the val loss is more than "
+        f"{MIN_LOSS_GAP:g} nats worse",
+        PAPER["post_warmup"],
         f"Post-LN's final val loss without warmup minus with {warm} warmup steps, nats (a "
-        f"diverged job counts as ln {VOCAB} = {DIVERGED_LOSS:.3f}, a uniform prediction's loss)"
-    )
-    per_lr = {
-        f"lr {lr:g}": Claim(
-            f"Post-LN needs warmup at lr {lr:g}: without it the val loss is more than "
-            f"{MIN_LOSS_GAP:g} nats worse",
-            PAPER["post_warmup"],
-            quantity,
-            warmup_gap(data, lr, warm),
-            (MIN_LOSS_GAP, ABOVE),
-            source="ours",
-            why=f"the paper shows warmup needed; the {MIN_LOSS_GAP:g}-nat margin is this suite's",
-            arms=(_arm("post", lr, 0), _arm("post", lr, warm)),
-            final=True,
-        )
-        for lr in lrs
-    }
-    claims: list[Claim | AnyClaim] = list(per_lr.values())
+        f"diverged job counts as ln {VOCAB} = {DIVERGED_LOSS:.3f}, a uniform prediction's loss)",
+        warmup_gap(data, lr, warm),
+        (MIN_LOSS_GAP, ABOVE),
+        source="ours",
+        why=f"the paper shows warmup needed; the {MIN_LOSS_GAP:g}-nat margin is this suite's",
+        arms=(_arm("post", lr, 0), _arm("post", lr, warm)),
+        final=True,
+    )  # fmt: skip
+
+
+def _warmup_claims(data: pd.DataFrame, lrs: list[float], warm: int) -> list:
+    """Post-LN needs warmup per lr (failed seeds by Fisher's test and the gap among trained
+    seeds where the runs have gate rows, the gap over all seeds where not) and at some lr; Pre-LN
+    without it reaches Post-LN with it."""
+    per_lr: dict[str, Claim] = {}
+    claims: list = []
+    for lr in lrs:
+        if not _counted(data, lr, warm):
+            per_lr[f"lr {lr:g}"] = _gap_claim(data, lr, warm)
+            claims.append(per_lr[f"lr {lr:g}"])
+            continue
+        count, gap = _count_claims(data, lr, warm)
+        per_lr[f"lr {lr:g}"] = gap
+        claims += [count, gap]
     claims.append(
-        AnyClaim("Post-LN needs warmup at some lr", PAPER["post_warmup"], per_lr, source="paper")
+        AnyClaim(
+            "Post-LN needs warmup at some lr (its val loss gap)",
+            PAPER["post_warmup"],
+            per_lr,
+            source="paper",
+        )  # fmt: skip
     )
     post_lr, pre_lr = best_lr(data, "post", lrs, warm), best_lr(data, "pre", lrs, 0)
     values = []
@@ -199,6 +290,7 @@ def _warmup_claims(data: pd.DataFrame, lrs: list[float], warm: int) -> list[Clai
             source="ours",
             why=f"the paper reports comparable or better loss; the {PRE_MARGIN:g}-nat margin is "
             "this suite's",
+            arms=(_arm("pre", pre_lr, 0), _arm("post", post_lr, warm)) if values else (),
             final=True,
         )
     )
@@ -271,60 +363,71 @@ def _curves(ax: plt.Axes, data: pd.DataFrame, lr: float, warm: int) -> None:
     )
 
 
+def _grad_panel(ax: plt.Axes, data: pd.DataFrame, title: str, arms: dict, name: str) -> None:
+    for k, (placement, label) in enumerate(PLACEMENTS.items()):
+        table = grad_norms(data, arms[placement], name)
+        if not table.empty:
+            _band(ax, table, f"C{k}", label)
+    ax.set_yscale("log")
+    ax.set(xlabel="layer index", ylabel="||dL/dW2|| at init", title=title)
+    ax.title.set_fontsize(9)
+    ax.legend(fontsize=8)
+
+
+def _gates(data: pd.DataFrame, lrs: list[float], warm: int) -> list[gates.Gate]:
+    """The warmup arms' gates, and those of each Post-LN pair's seeds that trained in both."""
+    arms = sorted(a for a in data["arm"].unique() if WARMUP_ARM.match(a))
+    found = gates.gates(data, arms)
+    for lr in lrs:
+        if _counted(data, lr, warm):
+            rows, _ = _trained_pair(data, lr, warm)
+            found += gates.gates(rows, sorted(rows["arm"].unique()))
+    return found
+
+
 def render(data: pd.DataFrame) -> Result:
-    """W2's gradient norm at init per layer (depth 6, 12), final val loss against lr (with and
+    """W2's gradient norm at init per layer (the GPT at depth 6 and 12, with unit-scale
+    embeddings too, and the encoder-decoder's two stacks), final val loss against lr (with and
     without warmup), and val loss curves at the lr where warmup matters most to Post-LN."""
-    depths = sorted({int(m["depth"]) for a in data["arm"].unique() if (m := INIT_ARM.match(a))})
     lrs, warm = warmup_grid(data)
-    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
-    grad_axes = [axes[0][0], axes[0][1]]
-    for ax, depth in zip(grad_axes, depths, strict=False):
-        for k, (placement, label) in enumerate(PLACEMENTS.items()):
-            table = grad_norms(data, placement, depth)
-            if not table.empty:
-                _band(ax, table, f"C{k}", label)
-        ax.set_yscale("log")
-        ax.set(
-            xlabel="layer index (block)",
-            ylabel="||dL/dW2|| at init",
-            title=f"depth {depth}: W2's gradient norm at init, geometric mean, 95% CI",
-        )
-        ax.legend(fontsize=8)
+    panels = grad_panels(data)
+    rows = (len(panels) + 1) // 2 + 1
+    fig, axes = plt.subplots(rows, 2, figsize=(13, 4.2 * rows), squeeze=False)
+    for ax, (title, arms, name) in zip(axes[:-1].flat, panels, strict=False):
+        _grad_panel(ax, data, f"{title}: W2's gradient norm at init (geo. mean, 95% CI)", arms,
+                    name)  # fmt: skip
     gaps = {lr: float(np.mean(g)) for lr in lrs if (g := warmup_gap(data, lr, warm))}
-    _loss_vs_lr(axes[1][0], data, lrs, warm)
-    axes[1][0].legend(fontsize=8)
+    _loss_vs_lr(axes[-1][0], data, lrs, warm)
+    axes[-1][0].legend(fontsize=8)
     if gaps:
-        _curves(axes[1][1], data, max(gaps, key=gaps.get), warm)
-        axes[1][1].legend(fontsize=8)
-    fig.suptitle(
-        "LayerNorm placement: gradients at init and warmup, char-level GPT (Xiong et al. 2020)"
-    )
+        _curves(axes[-1][1], data, max(gaps, key=gaps.get), warm)
+        axes[-1][1].legend(fontsize=8)
+    fig.suptitle("LayerNorm placement: gradients at init (char-level GPT, 6-6 encoder-decoder) "
+                 "and warmup (GPT) (Xiong et al. 2020)")  # fmt: skip
     fig.tight_layout()
-    claims = _grad_claims(data, depths) + _warmup_claims(data, lrs, warm)
-    return Result(fig, claims, _notes(data, depths, lrs))
+    claims = _grad_claims(data) + _warmup_claims(data, lrs, warm)
+    return Result(fig, claims, _notes(data, lrs), gates=_gates(data, lrs, warm))
 
 
-def _notes(data: pd.DataFrame, depths: list[int], lrs: list[float]) -> list[str]:
+def _notes(data: pd.DataFrame, lrs: list[float]) -> list[str]:
     """How the quantities were measured and encoded, with the numbers they depend on."""
-    pre = {d: slopes(grad_norms(data, "pre", d)) for d in depths}
+    pre = {title: slopes(grad_norms(data, arms["pre"], name))
+           for title, arms, name in grad_panels(data)}  # fmt: skip
     return [
-        "Gradients at init (grid `init`, experiment=ln_placement_init): no optimizer step; at fit "
-        "start forward and backward on the first training batches of the model at init, each "
-        "block's ||dL/dW2|| (W2 = MLP.fc2, the FFN's second matrix) averaged over the batches. "
-        "Post-LN has no final norm (its last block ends in one), Pre-LN its final norm. A seed "
-        "sets the init and the batches; a Post-LN and a Pre-LN job of one seed share both (the "
-        "same weights: the norms draw no random numbers).",
-        f"Pre-LN's rule is one-sided with a margin: it holds when the slope's CI lies below "
-        f"{MAX_PRE_SLOPE:g} per layer. A region below 0 would demand a gradient that provably "
-        "shrinks with the layer index, more than the paper's 'about the same', and a flat "
-        "gradient (slope 0) would stay undecided whatever the seeds. Mean Pre-LN slopes per "
-        "layer (the paper's Fig. 3 shows Pre-LN flat): "
-        + ", ".join(
-            f"depth {d}: {np.mean(v):.3f} (it {'shrinks' if np.mean(v) < 0 else 'grows'} "
-            "towards the last layer)"
-            for d, v in pre.items()
-            if v
-        )
+        "Gradients at init (grids `init`, `init_unit`: experiment=ln_placement_init; `encdec`: "
+        "experiment=ln_placement_encdec): no optimizer step; at fit start forward and backward "
+        "on the first training batches of the model at init, each layer's ||dL/dW2|| (W2 = the "
+        "FFN's second matrix) averaged over the batches. The GPT: N(0, 0.02) embeddings "
+        "(`init`) or those times 50, at unit scale (`init_unit`); Post-LN without a final norm, "
+        "Pre-LN with it. The encoder-decoder (model=seq2seq): Xiong et al.'s own setup at a "
+        "quarter width, 6 encoder and 6 decoder layers of torch's nn.Transformer layers (d 128, "
+        "4 heads, FFN 256, ReLU), Xavier-uniform init, N(0, 1/d) embeddings times sqrt(d) plus "
+        "sinusoids; it reads 64 characters and predicts the next 64; Pre-LN with a final "
+        "LayerNorm per stack. A seed sets the init and the batches, shared by the placements.",
+        f"Pre-LN's rule is two-sided: flat holds when the slope's CI lies within "
+        f"+-{MAX_PRE_SLOPE:g} per layer, and does not hold when it lies wholly outside (the "
+        "gradient grows, or shrinks, by more than that a layer). Mean Pre-LN slopes per layer: "
+        + ", ".join(f"{t}: {np.mean(v):+.3f}" for t, v in pre.items() if v)
         + ".",
         "Warmup (grid `warmup`, experiment=ln_placement): a seed sets the init and the training "
         "windows (data.seed follows seed); the arms of a seed share both. The val loss is the "

@@ -104,6 +104,66 @@ class IntervalClaim:
         return _row(self)
 
 
+@dataclass
+class CountClaim:
+    """A claim on how often an event (e.g. a seed that did not train) happens in arm a against
+    arm b over seeds: the difference of the two fractions with Newcombe's 95% interval, decided
+    by Fisher's exact test (two-sided p below 0.05, on the side the difference lies)."""
+
+    claim: str
+    paper_number: str
+    quantity: str  # the event, in words
+    counts: tuple[int, int, int, int]  # events in a, seeds of a, events in b, seeds of b
+    source: str = ""
+    why: str = ""
+    arms: tuple[str, ...] = ()  # gates: only those that do not judge the event itself
+    final: bool = False
+    region: tuple[float, float] = (0.0, stats.ABOVE)  # the paper's side: a fails more often
+    ci_method: ClassVar[str] = "a difference of fractions: Newcombe's (Wilson score) interval"
+
+    def __post_init__(self) -> None:
+        check_source(self)
+
+    @property
+    def test(self) -> tuple[stats.Interval, float]:
+        return stats.proportions(*self.counts)
+
+    @property
+    def interval(self) -> stats.Interval:
+        return self.test[0]
+
+    @property
+    def p_value(self) -> float:
+        return self.test[1]
+
+    @property
+    def verdict(self) -> str:
+        p, d = self.p_value, self.interval.mean
+        if math.isnan(p) or p >= 1 - stats.LEVEL:
+            return stats.UNDECIDED
+        lo, hi = self.region
+        return stats.HOLDS if lo <= d <= hi else stats.FAILS
+
+    @property
+    def rule(self) -> str:
+        k_a, n_a, k_b, n_b = self.counts
+        side, _ = stats.region_text(self.region)
+        return (
+            f"counted over seeds: {self.quantity} ({k_a} of {n_a} against {k_b} of {n_b}); the "
+            f"difference of the fractions, with Newcombe's 95% interval. Holds if Fisher's "
+            f"exact test (two-sided) gives p < {1 - stats.LEVEL:.2f} with the difference "
+            f"{side}; does not hold if p < {1 - stats.LEVEL:.2f} the other way; otherwise "
+            f"{stats.UNDECIDED}"
+        )
+
+    def ours(self) -> str:
+        return _ours(self.interval)
+
+    def row(self) -> dict[str, object]:
+        """The claim's row of NAME.claims.csv."""
+        return _row(self)
+
+
 PROVENANCE = ("paper", "ours")
 
 
@@ -121,7 +181,7 @@ def _ours(i: stats.Interval) -> str:
     return f"{fmt(i.mean)}{ci}"
 
 
-def _row(claim: Claim | IntervalClaim | AnyClaim) -> dict[str, object]:
+def _row(claim: Claim | IntervalClaim | AnyClaim | CountClaim) -> dict[str, object]:
     """A claim's row of NAME.claims.csv, before its gates and Holm's correction (`decided_row`)."""
     i = claim.interval
     return {

@@ -182,6 +182,30 @@ def p_value(values: Sequence[float], region: tuple[float, float], log: bool = Fa
     return min(1.0, 2.0 * p_one)
 
 
+def wilson(k: int, n: int) -> tuple[float, float]:
+    """Wilson's 95% score interval of a proportion k / n."""
+    z = float(scipy_stats.norm.ppf(0.5 + LEVEL / 2))
+    p, d = k / n, 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / d
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return centre - half, centre + half
+
+
+def proportions(k_a: int, n_a: int, k_b: int, n_b: int) -> tuple[Interval, float]:
+    """The difference of two proportions k_a / n_a - k_b / n_b with Newcombe's 95% interval
+    (from Wilson's per proportion), and Fisher's exact two-sided p-value of the 2x2 table."""
+    if min(n_a, n_b) < 1:
+        return Interval(math.nan, math.nan, math.nan, 0), math.nan
+    pa, pb = k_a / n_a, k_b / n_b
+    (la, ua), (lb, ub) = wilson(k_a, n_a), wilson(k_b, n_b)
+    d = pa - pb
+    low = d - math.sqrt((pa - la) ** 2 + (ub - pb) ** 2)
+    high = d + math.sqrt((ua - pa) ** 2 + (pb - lb) ** 2)
+    table = [[k_a, n_a - k_a], [k_b, n_b - k_b]]
+    p = float(scipy_stats.fisher_exact(table, alternative="two-sided")[1])
+    return Interval(d, low, high, min(n_a, n_b)), p
+
+
 def holm(p_values: Sequence[float], alpha: float = 1 - LEVEL) -> list[bool]:
     """Holm's step-down procedure: which hypotheses are rejected at family-wise level alpha
     (NaN p-values are not in the family and never rejected)."""

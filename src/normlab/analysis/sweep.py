@@ -94,12 +94,15 @@ class Reproduction:
         return self.quick if quick else self.full
 
     def only(self, names: list[str]) -> Reproduction:
-        """The same reproduction with only the named grids (an unknown name is an error)."""
-        known = [g.name for g in self.grids]
-        unknown = [n for n in names if n not in known]
+        """The same reproduction with only the named grids, or arms of a grid (a fixed arm's
+        name, e.g. dit/layernorm); an unknown name is an error."""
+        known = list(dict.fromkeys(g.name for g in self.grids))
+        arms = [g.arm for g in self.grids if "$" not in g.arm]
+        unknown = [n for n in names if n not in known and n not in arms]
         if unknown:
-            raise ValueError(f"{self.name}: no grid {', '.join(unknown)}; its grids: {known}")
-        return replace(self, grids=tuple(g for g in self.grids if g.name in names))
+            raise ValueError(f"{self.name}: no grid or arm {', '.join(unknown)}; its grids: "
+                             f"{known}")  # fmt: skip
+        return replace(self, grids=tuple(g for g in self.grids if {g.name, g.arm} & set(names)))
 
     def with_norm(self, norm: str, plugin: str | None) -> Reproduction:
         """The same reproduction with a registered norm (a user's, from module `plugin`) as one

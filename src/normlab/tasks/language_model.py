@@ -11,7 +11,8 @@ from normlab.tasks.base import Task
 
 
 class LanguageModelTask(Task):
-    """Train a causal LM `net` (ids (B, T) -> logits (B, T, V)) on (x, y) windows."""
+    """Train a causal LM `net` (ids (B, T) -> logits (B, T, V), or of the last T' positions) on
+    (x, y) windows."""
 
     monitor = "val/loss"
     monitor_mode = "min"
@@ -23,10 +24,12 @@ class LanguageModelTask(Task):
         return self.net(idx)  # (B, T, V)
 
     def loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """Mean next-character cross-entropy of a batch (nothing logged)."""
+        """Mean next-character cross-entropy of a batch (nothing logged). A net that predicts
+        only the last T' < T positions (an encoder-decoder reading the first part of the window)
+        is scored on the last T' targets."""
         x, y = batch  # (B, T), (B, T)
-        logits = self(x)  # (B, T, V)
-        return F.cross_entropy(logits.flatten(0, 1), y.flatten())
+        logits = self(x)  # (B, T', V), T' <= T
+        return F.cross_entropy(logits.flatten(0, 1), y[:, -logits.shape[1] :].flatten())
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int):
         loss = self.loss(batch)
