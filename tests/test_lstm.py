@@ -92,7 +92,7 @@ def test_steps_follow_the_ln_lstm_equations_written_out(cfg, norm):
     """Ba et al. 2016, appendix (LN-LSTM), two steps from a non-zero state:
     (f, i, o, g) = LN(W_h h) + LN(W_x x) + b; c' = s(f) c + s(i) tanh(g); h' = s(o) tanh(LN(c'))
     (here in torch's gate order i, f, g, o)."""
-    H, eps = 4, cfg["eps"]
+    H, eps = 4, cfg.keywords["eps"]
     layer = LSTMLayer(5, H, cfg).double()
     randomize(layer)
     g = torch.Generator().manual_seed(3)
@@ -195,11 +195,11 @@ def test_the_per_sample_norms_are_read_from_the_norm_classes():
 def test_every_registry_norm_either_builds_an_lstm_or_is_refused_naming_layer_and_choices(name):
     kwargs = {"num_groups": 2} if name == "groupnorm" else {}
     if norm_traits(name).tokenwise:
-        model = lstm({"name": name, **kwargs}, num_layers=1)
+        model = lstm(norm_partial(name, **kwargs), num_layers=1)
         assert torch.isfinite(model(torch.zeros(2, 5, dtype=torch.long))).all()
         return
     with pytest.raises(NormConfigError) as err:
-        lstm({"name": name, **kwargs})
+        lstm(norm_partial(name, **kwargs))
     message = str(err.value)
     assert message.startswith(
         f"norm={name} cannot be used in model=lstm (layer layers.0.norm_x, 64 features): "

@@ -30,7 +30,7 @@ import shutil
 import pytest
 import torch
 
-from normlab.norms import _fused_rms, create_norm, fold_batchnorm
+from normlab.norms import _fused_rms, create_norm, fold_batchnorm, norm_partial
 from normlab.norms.adaptive import AdaLN, ScaleShiftNorm
 
 HALF = [torch.float16, torch.bfloat16]
@@ -281,7 +281,7 @@ def test_adaln_in_half_matches_float32(inner, dtype, monkeypatch):
     # the statistics come from the inner norm; RMSNorm on its pure-torch path (GPU, compile)
     monkeypatch.setattr(_fused_rms, "available", lambda: False)
     torch.manual_seed(0)
-    layer = AdaLN(D, 16, norm={"name": inner}).to(dtype)
+    layer = AdaLN(D, 16, norm=norm_partial(inner)).to(dtype)
     layer32 = copy.deepcopy(layer).float()
     offset = 100.0 if inner == "layernorm" else 0.0
     x = (torch.randn(2, 4, D) * 5 + offset).to(dtype)
