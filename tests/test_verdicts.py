@@ -239,3 +239,14 @@ def test_a_count_claim_is_decided_by_fishers_test_on_the_side_of_the_difference(
     assert claim((3, 8, 1, 8)).verdict == stats.UNDECIDED  # p = 0.57
     decision = gates.decide([claim((8, 8, 0, 8))], [], 3, 12)[0]
     assert decision.holm == stats.HOLDS and decision.p_value < 0.001
+
+
+def test_an_any_claim_is_invalid_when_a_parts_arm_fails_its_gate():
+    def part(arm):
+        return report.Claim("c", "p", "q", [1.0, 1.1, 0.9], (0.5, stats.ABOVE), source="paper",
+                            arms=(arm,), final=True)  # fmt: skip
+
+    claim = report.AnyClaim("any", "p", {"a": part("a"), "b": part("b")}, source="paper")
+    stuck = gates.Gate("b", "converged", False, "late gain 5%")
+    assert gates.decide([claim], [], 3, 12)[0].verdict == stats.HOLDS
+    assert gates.decide([claim], [stuck], 3, 12)[0].verdict == "invalid: b still improving"

@@ -190,6 +190,8 @@ class Decision:
 
 
 def _failed(claim, found: list[Gate]) -> list[Gate]:
+    if hasattr(claim, "parts"):  # any of k parts: read only if every part's arms pass
+        return list(dict.fromkeys(g for part in claim.parts.values() for g in _failed(part, found)))
     wanted = {"trained", "not saturated"} | ({"converged"} if claim.final else set())
     return [g for g in found if g.arm in claim.arms and g.gate in wanted and g.passed is False]
 
