@@ -125,7 +125,8 @@ def test_all_trackers_at_once_in_a_multirun(tmp_path):
         run = tmp_path / row["run_dir"].split("/")[-1]
         assert (run / "csv" / "metrics.csv").stat().st_size > 0
         hparams = yaml.safe_load((run / "csv" / "hparams.yaml").read_text())
-        assert hparams["norm"]["name"] in ("batchnorm", "none") and hparams["seed"] == 42
+        norms = ("normlab.norms.BatchNorm", "normlab.norms.NoNorm")
+        assert hparams["norm"]["_target_"] in norms and hparams["seed"] == 42
         (mlflow_run,) = [r for r in runs.values() if r.data.tags["run_dir"] == str(run)]
         name = mlflow_run.info.run_name  # the job's overrides
         assert list((run / "tensorboard" / _slug(name)).glob("events.out.tfevents.*"))
@@ -179,7 +180,7 @@ def test_tensorboard_event_file_carries_the_config_for_the_hparams_tab(compose, 
     assert metrics == list(cfg.logger.tensorboard.hp_metrics)
     start = HParamsPluginData.FromString(content["_hparams_/session_start_info"])
     hparams = start.session_start_info.hparams
-    assert hparams["norm/name"].string_value == "groupnorm"
+    assert hparams["norm/_target_"].string_value == "normlab.norms.GroupNorm"
     assert hparams["batch"].number_value == 16
     assert hparams["optim/optimizer/lr"].number_value == cfg.optim.optimizer.lr
     # the tab's values are the run's own scalars; no placeholder metric is written

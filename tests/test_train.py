@@ -96,7 +96,8 @@ def test_unknown_choice_lists_the_valid_ones(tmp_path):
 def test_cfg_job_prints_the_composed_config():
     proc = run_cli("--cfg", "job", "norm=groupnorm")
     assert (
-        "name: groupnorm" in proc.stdout and "_target_: normlab.models.lenet.LeNet" in proc.stdout
+        "_target_: normlab.norms.GroupNorm" in proc.stdout
+        and "_target_: normlab.models.lenet.LeNet" in proc.stdout
     )
 
 

@@ -10,8 +10,9 @@ import torch
 
 from normlab.callbacks.update_norm import UpdateNorm
 from normlab.models.transformer import GPT
+from normlab.norms import norm_partial
 
-LAYERNORM = {"name": "layernorm", "eps": 1e-5, "elementwise_affine": True, "bias": True}
+LAYERNORM = norm_partial("layernorm", eps=1e-5, elementwise_affine=True, bias=True)
 
 
 class Task(pl.LightningModule):
