@@ -749,3 +749,8 @@ def test_dit_conditioning_resamples_each_arms_first_seed_with_its_own_fid_settin
     (runs[1].run_dir / dit_conditioning.RESAMPLE_FILE).write_text('{"fid_lenet": 1.0}\n')
     dit_conditioning.resample(runs, jobs=2, repo=tmp_path)
     assert not (runs[0].run_dir / dit_conditioning.RESAMPLE_FILE).exists()  # not the first seed
+
+
+def test_an_arm_named_by_a_resolver_reads_back_from_hydras_escaped_override():
+    logged = r"norm=none arm=$\{normlab.norm_name\:norm\} seed=0"
+    assert parse_overrides(logged)["arm"] == "${normlab.norm_name:norm}"

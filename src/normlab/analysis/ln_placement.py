@@ -76,9 +76,11 @@ def extract(runs: list[Run]) -> pd.DataFrame:
     """Per init job: W2's gradient norm per layer (x = layer index from 1; grad_init/w2, or
     grad_init/w2_enc and _dec). Per warmup job: the val loss curve (x = steps trained), its last
     val loss, whether it diverged (1 or 0), and the rows of its gates."""
-    rows = []
+    rows, job = [], {}
     for run in runs:
         a, seed = run.arm, int(run.get("seed"))
+        job[a, seed] = run  # warmup_post reruns some of warmup's arms: the later job is read
+    for (a, seed), run in job.items():
         if a.split("/")[0] in (*INIT_GRIDS, "encdec"):
             if run.status == "ok":
                 rows += [(a, seed, float(i + 1), f"grad_init/{name}", g)

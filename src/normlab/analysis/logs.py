@@ -22,8 +22,10 @@ def parse_overrides(text: str) -> dict[str, str]:
     pairs = {}
     for item in text.split():
         key, _, value = item.partition("=")
-        # Hydra records an interpolation given as an override escaped: ${b} as $\{b\}
-        pairs[key.lstrip("+~")] = value.replace("\\{", "{").replace("\\}", "}")
+        # Hydra records an interpolation given as an override escaped: ${b} as $\{b\}, and a
+        # resolver's ${r:b} as $\{r\:b\}
+        unescaped = value.replace("\\{", "{").replace("\\}", "}").replace("\\:", ":")
+        pairs[key.lstrip("+~")] = unescaped
     return pairs
 
 
