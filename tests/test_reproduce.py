@@ -203,7 +203,10 @@ def test_quick_run_writes_evidence_reuses_its_jobs_and_redraws_the_same_md(
     jobs = pd.read_csv(figures / name / "jobs.csv")
     assert (jobs["status"] == "ok").all() and sorted(jobs["seed"].unique()) == [0, 1]
     claims = pd.read_csv(figures / f"{name}.claims.csv")
-    assert (claims["n_seeds"] == 2).all()
+    # a claim over the seeds that trained in both arms (and an any-of claim over such) reads
+    # fewer when a quick run's seeds did not train
+    subset = claims["claim"].str.contains("seeds that trained in both|at some lr")
+    assert (claims[~subset]["n_seeds"] == 2).all() and (claims[subset]["n_seeds"] <= 2).all()
 
     # a second invocation reuses every job (same config, same code) and draws the same md
     logs = sorted((tmp_path / "outputs" / "reproduce").rglob("csv/metrics.csv"))
