@@ -250,3 +250,9 @@ def test_an_any_claim_is_invalid_when_a_parts_arm_fails_its_gate():
     stuck = gates.Gate("b", "converged", False, "late gain 5%")
     assert gates.decide([claim], [], 3, 12)[0].verdict == stats.HOLDS
     assert gates.decide([claim], [stuck], 3, 12)[0].verdict == "invalid: b still improving"
+
+
+def test_a_verdict_reads_at_least_three_seeds():
+    claim = report.Claim("c", "p", "q", [1.0, 1.1], (0.5, stats.ABOVE), source="paper")
+    decision = gates.decide([claim], [], 3, 12)[0]
+    assert decision.verdict == "undecided (2 seeds, fewer than 3)" == decision.holm

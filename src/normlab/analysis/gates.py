@@ -33,6 +33,7 @@ from normlab.analysis import stats
 from normlab.analysis.logs import Run
 
 TRAINED_MARGIN = 0.05  # "did not train": final val loss >= (1 - 5%) x the trivial loss
+MIN_SEEDS = 3  # a verdict reads at least this many seeds
 CONVERGED_GAIN = 0.02  # "still improving": the last 20% of steps improved the loss by >= 2%
 WORDS = {"trained": "did not train", "converged": "still improving",
          "not saturated": "saturated"}  # fmt: skip
@@ -243,6 +244,10 @@ def decide(claims: list, found: list[Gate], initial: int, cap: int) -> list[Deci
         planned = (None if picked is None else
                    stats.seeds_needed(picked[0][:initial], picked[1], picked[2]))  # fmt: skip
         verdict = claim.verdict
+        if picked is not None and 0 < len(picked[0]) < MIN_SEEDS and not fail:
+            verdict = holm = f"undecided ({len(picked[0])} seeds, fewer than {MIN_SEEDS})"
+            out.append(Decision(verdict, holm, planned, p, "pass"))
+            continue
         if fail:
             verdict = holm = f"invalid: {gate_text}"
         elif math.isnan(p):

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from normlab.norms import LayerNorm, build_norm
+
 PLACEMENTS = ("post", "pre")
 
 
@@ -77,16 +79,21 @@ class EncoderDecoder(nn.Module):
         self.register_buffer("pos", sinusoids(ctx, d_model), persistent=False)
         self.encoder = nn.TransformerEncoder(
             nn.TransformerEncoderLayer(**layer), encoder_layers,
-            norm=nn.LayerNorm(d_model) if pre else None, enable_nested_tensor=False,
+            norm=self._final_norm(d_model) if pre else None, enable_nested_tensor=False,
         )  # fmt: skip
         self.decoder = nn.TransformerDecoder(
             nn.TransformerDecoderLayer(**layer), decoder_layers,
-            norm=nn.LayerNorm(d_model) if pre else None,
+            norm=self._final_norm(d_model) if pre else None,
         )  # fmt: skip
         self.dropout = nn.Dropout(dropout)
         self.head = nn.Linear(d_model, vocab_size, bias=False)
         self.head.weight = self.tgt_emb.weight  # tied, as fairseq's shared decoder embeddings
         self._init_weights()
+
+    @staticmethod
+    def _final_norm(d_model: int) -> nn.Module:
+        """Pre-LN's final norm of a stack: normlab's LayerNorm, built by the norms registry."""
+        return build_norm(LayerNorm, d_model, channel_dim=-1)
 
     def _init_weights(self) -> None:
         """fairseq's: embeddings N(0, 1/d); every linear (attention in/out, FFN) Xavier-uniform
