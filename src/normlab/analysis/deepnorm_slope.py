@@ -317,6 +317,5 @@ def notes(data: pd.DataFrame) -> list[str]:
         f"ratios within a seed, averaged on the log scale. The ceiling: {CEILING:g} (the "
         "blocks' output ends in a LayerNorm, so this is an output turned by 60°; unrelated "
         "outputs read sqrt(2)); an arm with a seed at or above it is saturated and the claims "
-        "reading it invalid. Geometric means over seeds:",
-        f"{table(data)}\n",
+        f"reading it invalid. Geometric means over seeds:\n\n{table(data)}\n",
     ]
