@@ -80,10 +80,12 @@ def diverged_seeds(data: pd.DataFrame) -> str:
     return "; ".join(f"{a} seeds {s}" for a, s in counts.items()) or "none"
 
 
-def seed_curves(ax: plt.Axes, data: pd.DataFrame, arm: str, style: str, color: str, label: str):
-    """An arm's val loss against steps: each seed thin, the mean over seeds thick, labelled
-    `label` with {n} replaced by the number of seeds (nothing drawn without runs)."""
-    curves = metric(data, arm, "val/loss").pivot(index="x", columns="seed", values="value")
+def seed_curves(ax: plt.Axes, data: pd.DataFrame, arm: str, style: str, color: str, label: str,
+                name: str = "val/loss"):  # fmt: skip
+    """An arm's curve of metric `name` (the val loss; gate/train_loss, the train loss the gates
+    read) against steps: each seed thin, the mean over seeds thick, labelled `label` with {n}
+    replaced by the number of seeds (nothing drawn without runs)."""
+    curves = metric(data, arm, name).pivot(index="x", columns="seed", values="value")
     for seed in curves.columns:
         ax.plot(curves.index, curves[seed], style, color=color, alpha=0.25, lw=0.8)
     if len(curves.columns):

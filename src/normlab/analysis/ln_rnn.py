@@ -1,21 +1,25 @@
 """ln_rnn: Ba, Kiros & Hinton 2016, layer normalization speeds up the training of an RNN.
 
-One grid (experiment=ln_rnn): the character-level LSTM LM with norm=none and norm=layernorm,
-each over seeds, paired by seed (same init of the shared weights, same training windows). Two
-claims: the LN-LSTM reaches the plain LSTM's best val loss in fewer steps, and ends lower.
+Two grids of experiment=ln_rnn, the character-level LSTM LM with norm=none and norm=layernorm:
+- pilot (seed 0): each LSTM at three learning rates; each is compared at its own best;
+- main: each LSTM at the lr the pilot found best for it (declared in conf/reproduce/ln_rnn.yaml),
+  over seeds, paired by seed (same init of the shared weights, same training windows).
+Two claims: the LN-LSTM reaches the plain LSTM's best val loss in fewer steps, and ends lower.
 `extract` reads the run logs into runs.csv; `render` decides from runs.csv alone.
 """
 
 from __future__ import annotations
 
 import math
+import re
 
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from normlab.analysis import gates
 from normlab.analysis.curves import metric, seed_curves, val_loss_rows
 from normlab.analysis.logs import Run
-from normlab.analysis.report import Claim, Result
+from normlab.analysis.report import Claim, Result, markdown_table
 from normlab.analysis.stats import ABOVE
 
 # ----- the paper's claims (Ba, Kiros & Hinton 2016), quoted --------------------------------------
@@ -25,15 +29,65 @@ PAPER = {
     "lower": "Figs. 2-6 and Tables 2-5: LN models end at a lower validation error or loss",
 }
 NORMS = {"none": "plain LSTM", "layernorm": "LN-LSTM"}
-VAL, FINAL = "val/loss", "final/val_loss"
+VAL, FINAL, LR = "val/loss", "final/val_loss", "lr"
+PILOT_ARM = re.compile(r"^pilot/(?P<norm>[a-z]+)/lr(?P<lr>[\d.e-]+)$")
 
 
 def extract(runs: list[Run]) -> pd.DataFrame:
-    """Per finished (or diverged) job: its val loss after every EVERY steps and its last one."""
+    """Per finished (or diverged) job: its val loss after every val_check_interval steps and its
+    last one, its lr, and the rows its gates read."""
     rows = []
     for run in runs:
-        rows += val_loss_rows(run, run.arm, int(run.get("seed")))
+        seed = int(run.get("seed"))
+        rows += val_loss_rows(run, run.arm, seed)
+        rows.append((run.arm, seed, math.nan, LR, float(run.setting("optim.optimizer.lr"))))
+        rows += gates.gate_rows(run, run.arm, seed)
     return pd.DataFrame(rows, columns=["arm", "seed", "x", "metric", "value"])
+
+
+def pilot(data: pd.DataFrame) -> pd.DataFrame:
+    """The pilot's table: norm, lr, final val loss (seed 0, one job each), sorted."""
+    rows = []
+    for a in sorted(data["arm"].unique()):
+        m = PILOT_ARM.match(a)
+        final = metric(data, a, FINAL)["value"]
+        if m and len(final):
+            rows.append((m["norm"], float(m["lr"]), float(final.iloc[0])))
+    return pd.DataFrame(rows, columns=["norm", "lr", "val_loss"]).sort_values(
+        ["norm", "lr"], ignore_index=True
+    )
+
+
+def arm_lr(data: pd.DataFrame, a: str) -> float:
+    """The lr an arm of `main` ran at (NaN before runs.csv had it)."""
+    rows = metric(data, a, LR)["value"]
+    return float(rows.iloc[0]) if len(rows) else math.nan
+
+
+def pilot_note(data: pd.DataFrame) -> str:
+    """The pilot's table and whether each main arm runs at its LSTM's best lr."""
+    table = pilot(data)
+    if table.empty:
+        return "Pilot (grid `pilot`): not in runs.csv."
+    rows, checks = [], []
+    for norm, g in table.groupby("norm", sort=False):
+        best = g.loc[g["val_loss"].idxmin()]
+        rows += [[NORMS.get(norm, norm), f"{r.lr:g}", f"{r.val_loss:.4f}",
+                  "lowest" if r.lr == best.lr else ""] for r in g.itertuples()]  # fmt: skip
+        lr, name = arm_lr(data, norm), NORMS.get(norm, norm)
+        if lr == best.lr:
+            edge = " (the grid's edge)" if best.lr in (g["lr"].min(), g["lr"].max()) else ""
+            checks.append(f"{name} at lr {lr:g}, the pilot's lowest{edge}")
+        else:
+            checks.append(f"{name} at lr {lr:g}, NOT the pilot's lowest ({best.lr:g})")
+    return (
+        "Pilot (grid `pilot`, seed 0, one job each): each LSTM at three lrs around the recipe's "
+        "1e-3; final val loss:\n\n"
+        + markdown_table(["LSTM", "lr", "final val loss", ""], rows)
+        + "\n\nThe claims compare each LSTM at its own lowest (grid `main`): "
+        + "; ".join(checks)
+        + "."
+    )
 
 
 # ----- runs.csv -> claims and figure -------------------------------------------------------------
@@ -100,18 +154,38 @@ def _claims(data: pd.DataFrame) -> list[Claim]:
     ]
 
 
-def render(data: pd.DataFrame) -> Result:
-    """Val loss against steps, each seed thin and the mean thick, per arm."""
-    fig, ax = plt.subplots(figsize=(7, 4.4))
+def _loss_panel(ax: plt.Axes, data: pd.DataFrame, name: str, what: str) -> None:
     for i, (a, label) in enumerate(NORMS.items()):
-        seed_curves(ax, data, a, "-", f"C{i}", f"{label} ({{n}} seeds)")
-    ax.set(xlabel="training step", ylabel="val loss (nats per character)",
-           title="char-level LSTM on tiny Shakespeare: with and without LayerNorm")  # fmt: skip
+        lr = arm_lr(data, a)
+        seed_curves(ax, data, a, "-", f"C{i}", f"{label}, lr {lr:g} ({{n}} seeds)", name)
+    ax.set(xlabel="training step", ylabel=f"{what} loss (nats per character)",
+           title=f"{what} loss, each LSTM at its pilot's best lr")  # fmt: skip
     ax.title.set_fontsize(9)
     if ax.lines:
         ax.legend(fontsize=8)
         low = min(line.get_ydata().min() for line in ax.lines)
         ax.set_ylim(low - 0.05, low + 1.5)  # the first evaluations (~4 nats) would flatten the rest
+
+
+def _pilot_panel(ax: plt.Axes, data: pd.DataFrame) -> None:
+    for i, (norm, g) in enumerate(pilot(data).groupby("norm", sort=False)):
+        color = f"C{list(NORMS).index(norm)}" if norm in NORMS else f"C{i + 2}"
+        ax.plot(g["lr"], g["val_loss"], "o-", color=color, label=NORMS.get(norm, norm))
+    ax.set_xscale("log")
+    ax.set(xlabel="AdamW lr", ylabel="final val loss (seed 0)", title="pilot: final val loss by lr")
+    ax.title.set_fontsize(9)
+    if ax.lines:
+        ax.legend(fontsize=8)
+
+
+def render(data: pd.DataFrame) -> Result:
+    """Val and train loss against steps (each seed thin, the mean thick, per arm), and the lr
+    pilot."""
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
+    _loss_panel(axes[0], data, VAL, "val")
+    _loss_panel(axes[1], data, "gate/train_loss", "train")
+    _pilot_panel(axes[2], data)
+    fig.suptitle("char-level LSTM on tiny Shakespeare: with and without LayerNorm", fontsize=10)
     fig.tight_layout()
     notes = [
         "Paired by seed: a seed sets the init of the weights both arms share (identical in both:"
@@ -120,5 +194,7 @@ def render(data: pd.DataFrame) -> Result:
         "cell state before the output tanh, as in the LN paper's LN-LSTM).",
         "The LN paper's RNNs (attentive reader, skip-thoughts, DRAW, order embeddings) trained "
         "for days on GPUs; here a 2-layer LSTM of 256 units, 1,200 steps on one CPU thread.",
+        pilot_note(data),
     ]
-    return Result(fig, _claims(data), notes)
+    arms = [*NORMS, *(a for a in sorted(data["arm"].unique()) if a not in NORMS)]
+    return Result(fig, _claims(data), notes, gates.gates(data, arms))
