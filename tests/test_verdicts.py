@@ -161,6 +161,23 @@ def test_a_failed_gate_makes_the_claims_that_read_the_arm_invalid():
     assert d[3].verdict == stats.HOLDS and d[3].gates == "pass"
 
 
+def test_the_figure_says_which_arms_failed_and_the_verdicts_by_source():
+    found = [gates.Gate("a", "trained", False, ""), gates.Gate("b", "converged", True, ""),
+             gates.Gate("c", "not saturated", False, "")]  # fmt: skip
+    claims = [claim([1.0, 1.1, 0.9], arms=("a",)), claim([1.0, 1.1, 0.9]),
+              claim([-1.0, -1.1, -0.9], source="ours", why="w"),
+              claim([1.0, -1.0, 0.1])]  # fmt: skip
+    text = report.footer(found, claims, gates.decide(claims, found, initial=3, cap=12))
+    assert text.splitlines() == [
+        "Gates (3 arms): did not train: a; saturated: c.",
+        "Claims [paper]: holds 1, invalid 1, undecided 1.",
+        "Claims [ours]: does not hold 1.",
+    ]
+    passing = [gates.Gate("a", "trained", True, "")]
+    assert report.footer(passing, [], []) == "Gates (1 arm): every measured gate passes."
+    assert report.footer([], [], []).startswith("Gates: none measured")
+
+
 def test_holm_column_corrects_over_the_tested_claims_only():
     # alone, each holds (p < 0.05); as a family of three, Holm keeps only the smallest p
     values = [[0.6, 1.0, 0.7, 0.4], [0.4, 0.9, 0.6, 0.3], [0.3, 0.8, 0.5, 0.2]]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import textwrap
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -290,11 +292,40 @@ def fmt(value: float, digits: int = 3) -> str:
     return "n/a" if value is None or math.isnan(value) else f"{value:.{digits}g}"
 
 
+def footer(found: list[gates.Gate], claims: list, decisions: list[gates.Decision]) -> str:
+    """What a figure alone must say, printed under it: which arms failed which gate (a failed arm
+    stays drawn; its claims are invalid), and the verdicts by the claims' source."""
+    if not found:
+        lines = ["Gates: none measured (the runs predate the gates)."]
+    else:
+        failed: dict[str, list[str]] = {}
+        for g in found:
+            if g.passed is False:
+                failed.setdefault(gates.WORDS[g.gate], []).append(g.arm)
+        arms = len({g.arm for g in found})
+        lines = [f"Gates ({arms} arm{'s' * (arms != 1)}): " + ("; ".join(
+            f"{word}: {', '.join(a)}" for word, a in failed.items()) or "every measured gate "
+            "passes") + "."]  # fmt: skip
+    for source in ("paper", "ours"):
+        verdicts = [d.verdict.split(":")[0].split(" (")[0].split(";")[0]
+                    for c, d in zip(claims, decisions, strict=True)
+                    if getattr(c, "source", "") == source]  # fmt: skip
+        if verdicts:
+            counts = Counter(verdicts)
+            lines.append(f"Claims [{source}]: " + ", ".join(
+                f"{k} {n}" for k, n in sorted(counts.items())) + ".")  # fmt: skip
+    return "\n".join(textwrap.fill(line, 180) for line in lines)
+
+
 def _figure_and_header(
-    result: Result, paths: dict[str, Path], name: str, title: str, command: str, budget: str
-) -> list[str]:
-    """Save the figure (png, svg without a date: the same figure gives the same file) and
-    return the md's first lines."""
+    result: Result, paths: dict[str, Path], name: str, title: str, command: str, budget: str,
+    under: str = "",
+) -> list[str]:  # fmt: skip
+    """Save the figure with `under` printed beneath it (png, svg without a date: the same
+    figure gives the same file) and return the md's first lines."""
+    if under:
+        result.figure.text(0.0, 0.0, under, ha="left", va="top", fontsize=7, wrap=False,
+                           transform=result.figure.transFigure)  # fmt: skip
     result.figure.savefig(paths["png"], dpi=120, bbox_inches="tight")
     result.figure.savefig(paths["svg"], bbox_inches="tight", metadata={"Date": None})
     plt.close(result.figure)
@@ -410,8 +441,9 @@ def write_evidence(
     """Write NAME.png, .svg, .md and .claims.csv from an analysed runs.csv (no run logs read)."""
     paths = evidence_paths(out_dir, name)
     out_dir.mkdir(parents=True, exist_ok=True)
-    text = _figure_and_header(result, paths, name, title, command, budget)
     decisions = gates.decide(result.claims, result.gates, initial, cap)
+    under = footer(result.gates, result.claims, decisions)
+    text = _figure_and_header(result, paths, name, title, command, budget, under)
     claims = pd.DataFrame(
         [decided_row(c, d) for c, d in zip(result.claims, decisions, strict=True)]
     )
