@@ -665,7 +665,7 @@ def _dit_run(root: Path, conditioning: str, seed: int, fid: float, loss: float,
     net = {"hidden_size": 96, "depth": 4, "num_heads": 4, "patch_size": 4}
     if seed == 2:  # a config written before the shapes were explicit: depth from the size preset
         net = {"size": "tiny", "depth": None}
-    net["conditioning"] = conditioning
+    net["conditioning"], net["norm_eps"] = conditioning, 1e-6
     cfg = {"callbacks": {"fid": fid_cfg}, "model": {"sample_steps": 25, "guidance_scale": 1.5,
                                                     "net": net}}  # fmt: skip
     (run_dir / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
@@ -699,6 +699,7 @@ def test_dit_conditioning_pairwise_ranks_ties_and_the_best_of_four(tmp_path: Pat
     assert settings.unique().map(list).to_dict() == {
         "config/depth": [4.0], "config/fid_guidance": [1.0], "config/fid_samples": [5000.0],
         "config/fid_steps": [25.0],  # null: the model's sample_steps
+        "config/norm_eps": [1e-6],
     }  # fmt: skip
     result = dit_conditioning.render(data)
     verdict = {c.claim: c.verdict for c in result.claims}
@@ -708,6 +709,9 @@ def test_dit_conditioning_pairwise_ranks_ties_and_the_best_of_four(tmp_path: Pat
     assert verdict["cross-attention's fid_lenet is lower than in-context's"] == stats.HOLDS
     best = next(c for c in result.claims if c.claim.startswith("adaLN-Zero's fid_lenet is the"))
     assert best.values == pytest.approx([1.5, 1.5, 1.9])  # the smallest gap per seed: adaLN's
+    # final values compared: the converged gate of every arm a claim reads decides its validity
+    assert all(c.final and c.arms for c in result.claims)
+    assert {g.arm for g in result.gates} == set(fid)
     loss = next(c for c in result.claims if "val loss is the lowest" in c.claim)
     assert loss.verdict == stats.HOLDS and loss.claim.startswith("second measure, not the paper's")
     assert [c.claim for c in result.claims][1:7] == [

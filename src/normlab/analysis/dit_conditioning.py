@@ -27,6 +27,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from normlab import fid_train
+from normlab.analysis import gates
 from normlab.analysis.curves import metric
 from normlab.analysis.logs import Run
 from normlab.analysis.report import Claim, Result
@@ -42,6 +43,7 @@ NAMES = {
     "in_context": "in-context",
 }
 KEY = "model.net.conditioning"
+PAIR = ("adaln_zero", "adaln")  # the deeper DiT's comparison
 FID = "val/fid_lenet"
 RESAMPLE_FILE = "fid_resample.json"  # in a run dir: its checkpoint scored on other noise
 TIE = "tie (within noise)"
@@ -54,6 +56,7 @@ SETTINGS = {
     "config/fid_samples": "callbacks.fid.num_samples",
     "config/fid_steps": "callbacks.fid.steps",
     "config/fid_guidance": "callbacks.fid.guidance_scale",
+    "config/norm_eps": "model.net.norm_eps",
 }
 DEPTH = "config/depth"
 
@@ -141,6 +144,8 @@ def _settings(run: Run) -> dict[str, float]:
     """The fid settings and the depth of a job, from its composed config."""
     cfg = OmegaConf.load(run.run_dir / ".hydra" / "config.yaml")
     found = {name: OmegaConf.select(cfg, key) for name, key in SETTINGS.items()}
+    if found["config/norm_eps"] is None:  # null: the norm config's own eps
+        found["config/norm_eps"] = OmegaConf.select(cfg, "norm.eps", default=math.nan)
     if found["config/fid_guidance"] is None:  # null: the model's own sampling settings
         found["config/fid_guidance"] = cfg.model.guidance_scale
     if found["config/fid_steps"] is None:
@@ -151,7 +156,8 @@ def _settings(run: Run) -> dict[str, float]:
 
 def extract(runs: list[Run]) -> pd.DataFrame:
     """Per finished job: its val loss (EMA weights) after each epoch (x = steps trained), the
-    last of it, its final val/fid_lenet and, where scored, the second sample set's."""
+    last of it, its final val/fid_lenet and, where scored, the second sample set's; the rows its
+    gates read."""
     rows = []
     for run in runs:
         if run.status != "ok":
@@ -166,6 +172,7 @@ def extract(runs: list[Run]) -> pd.DataFrame:
         rows.append((a, seed, math.nan, FINAL_LOSS, run.last(VAL_LOSS)))
         rows.append((a, seed, math.nan, FINAL_FID, run.last(FID)))
         rows += [(a, seed, math.nan, name, value) for name, value in _settings(run).items()]
+        rows += gates.gate_rows(run, a, seed)
         extra = run.run_dir / RESAMPLE_FILE
         if extra.is_file():
             again = json.loads(extra.read_text())["fid_lenet"]
@@ -201,6 +208,8 @@ def _rank_claims(data: pd.DataFrame) -> list[Claim]:
             (0.0, ABOVE),
             undecided=TIE,
             source="paper",
+            arms=(b, w),
+            final=True,
         )
         for b, w in combinations(order, 2)
     ]
@@ -218,6 +227,8 @@ def _best_claims(data: pd.DataFrame) -> list[Claim]:
             (0.0, ABOVE),
             undecided=TIE,
             source="paper",
+            arms=tuple(NAMES),
+            final=True,
         ),
         Claim(
             "second measure, not the paper's: adaLN-Zero's final val loss is the lowest of the "
@@ -230,6 +241,8 @@ def _best_claims(data: pd.DataFrame) -> list[Claim]:
             undecided=TIE,
             source="ours",
             why="a second measure: the paper reports FID only",
+            arms=tuple(NAMES),
+            final=True,
         ),
     ]
 
@@ -292,12 +305,13 @@ def render(data: pd.DataFrame) -> Result:
     arms = [c for c in NAMES if c in set(data["arm"])]
     fig = _figure(data, arms, "DiT conditioning (DiT Table 4)", width=12)
     best_fid, best_loss = _best_claims(data)
-    return Result(fig, [best_fid, *_rank_claims(data), best_loss], _notes(data, arms))
+    claims = [best_fid, *_rank_claims(data), best_loss]
+    return Result(fig, claims, _notes(data, arms), gates.gates(data, arms))
 
 
 def render_deep(data: pd.DataFrame) -> Result:
     """adaLN-Zero against adaLN in the deeper DiT: the same panels, one pair's claims."""
-    arms = [c for c in ("adaln_zero", "adaln") if c in set(data["arm"])]
+    arms = [c for c in PAIR if c in set(data["arm"])]
     fig = _figure(data, arms, "adaLN-Zero vs adaLN (DiT Sec. 3.2)", width=10)
     depth = setting(data, arms, DEPTH)
     claims = [
@@ -308,6 +322,8 @@ def render_deep(data: pd.DataFrame) -> Result:
             _gaps(data, "adaln_zero", ["adaln"], FINAL_FID),
             (0.0, ABOVE),
             undecided=TIE,
+            arms=PAIR,
+            final=True,
             source="paper",
         ),
         Claim(
@@ -318,11 +334,13 @@ def render_deep(data: pd.DataFrame) -> Result:
             _gaps(data, "adaln_zero", ["adaln"], FINAL_LOSS),
             (0.0, ABOVE),
             undecided=TIE,
+            arms=PAIR,
+            final=True,
             source="ours",
             why="a second measure: the paper reports FID only",
         ),
     ]
-    return Result(fig, claims, _notes(data, arms))
+    return Result(fig, claims, _notes(data, arms), gates.gates(data, arms))
 
 
 def _mean_ci(values: pd.Series, digits: int) -> str:
@@ -339,6 +357,7 @@ def _notes(data: pd.DataFrame, arms: list[str]) -> list[str]:
         f"{setting(data, arms, 'config/fid_samples')} samples (classes balanced, "
         f"{setting(data, arms, 'config/fid_steps')} DDIM steps, guidance "
         f"{setting(data, arms, 'config/fid_guidance')}) from the EMA weights after its last step "
+        f"(the DiT's norms at eps {setting(data, arms, 'config/norm_eps')}) "
         "and from the same starting noise, so a paired difference leaves that draw aside; the "
         "resampling note shows how far another draw moves one checkpoint.",
         "Per arm, mean [95% CI] over seeds: "
