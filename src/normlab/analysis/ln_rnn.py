@@ -81,8 +81,8 @@ def pilot_note(data: pd.DataFrame) -> str:
         else:
             checks.append(f"{name} at lr {lr:g}, NOT the pilot's lowest ({best.lr:g})")
     return (
-        "Pilot (grid `pilot`, seed 0, one job each): each LSTM at three lrs around the recipe's "
-        "1e-3; final val loss:\n\n"
+        "Pilot (grid `pilot`, seed 0, one job each): each LSTM at "
+        f"{', '.join(f'{lr:g}' for lr in sorted(table['lr'].unique()))}; final val loss:\n\n"
         + markdown_table(["LSTM", "lr", "final val loss", ""], rows)
         + "\n\nThe claims compare each LSTM at its own lowest (grid `main`): "
         + "; ".join(checks)
