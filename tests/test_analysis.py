@@ -340,6 +340,62 @@ def test_gn_batch_size_claims_from_paired_seeds():
     assert fixed.values == pytest.approx([5.0, 5.0, 5.0]) and fixed.verdict == stats.HOLDS
 
 
+def _allconv_runs(bn_rise: float, gn_rise: float) -> list[Run]:
+    """All-conv jobs at b = 32, 8, 2, 3 seeds: BN rising by `bn_rise` points from 32 to 2, GN by
+    `gn_rise`; a LeNet BN job beside them."""
+    runs = [_gn_run("batchnorm", 32, 0, 10.0)]
+    for seed, noise in enumerate([0.0, 0.3, -0.3]):
+        for norm, base, rise in (("batchnorm", 9.0, bn_rise), ("groupnorm", 9.5, gn_rise)):
+            for b in (32, 8, 2):
+                run = _gn_run(norm, b, seed, base + noise + {32: 0.0, 8: rise / 3, 2: rise}[b])
+                runs.append(replace(run, overrides={**run.overrides, "arm": f"allconv/{norm}"}))
+    return runs
+
+
+@pytest.mark.parametrize(
+    ("bn_rise", "gn_rise", "verdicts"),
+    [
+        (6.0, 0.2, [stats.HOLDS, stats.HOLDS, stats.HOLDS]),  # the paper's picture
+        (-1.0, 3.0, [stats.FAILS, stats.FAILS, stats.FAILS]),  # LeNet's: BN flat, GN rising
+    ],
+)
+def test_gn_batch_size_allconv_claims(bn_rise, gn_rise, verdicts):
+    data = gn_batch_size.extract(_allconv_runs(bn_rise, gn_rise))
+    ac = data[data["arm"].str.startswith("allconv/") & (data["metric"] == "test/error")]
+    assert sorted(ac["x"].unique()) == [2, 8, 32] and len(ac) == 2 * 3 * 3
+    result = gn_batch_size.render(data)
+    claims = [c for c in result.claims if c.claim.startswith("all-conv net: ")]
+    rise, flat, lower = claims
+    assert [c.verdict for c in claims] == verdicts
+    assert rise.values == pytest.approx([bn_rise] * 3)
+    assert flat.values == pytest.approx([gn_rise] * 3)
+    assert lower.values == pytest.approx([9.0 + bn_rise - 9.5 - gn_rise] * 3)
+    assert rise.arms == ("allconv/batchnorm/b32", "allconv/batchnorm/b2") and rise.final
+    assert flat.arms == ("allconv/groupnorm/b32", "allconv/groupnorm/b2") and flat.final
+    assert lower.arms == ("allconv/batchnorm/b2", "allconv/groupnorm/b2") and lower.final
+    assert [c.source for c in claims] == ["ours", "ours", "paper"]
+    assert "34.7" in rise.paper_number and "10.6 points lower" in lower.paper_number
+    assert any(n.startswith("All-conv net") for n in result.notes)
+    assert len(result.figure.axes) == 5
+    panel = result.figure.axes[4]
+    assert panel.get_title().startswith("all-conv net")
+    legend = sorted(t.get_text() for t in panel.get_legend().get_texts())
+    assert legend == ["BN (3 seeds)", "GN (3 seeds)"]
+    plt.close(result.figure)
+    # LeNet's claims are not the all-conv net's: its BN has one job, at b=32
+    lenet = next(c for c in result.claims if c.claim.startswith("BN's error rises"))
+    assert lenet.values == []
+
+
+def test_gn_batch_size_without_allconv_jobs_has_no_allconv_claims_or_panel():
+    runs = [_gn_run(norm, b, seed, 10.0 + seed) for norm in ("batchnorm", "groupnorm")
+            for b in (32, 2) for seed in range(3)]  # fmt: skip
+    result = gn_batch_size.render(gn_batch_size.extract(runs))
+    assert not any("all-conv" in c.claim for c in result.claims)
+    assert not any("All-conv" in n for n in result.notes) and len(result.figure.axes) == 4
+    plt.close(result.figure)
+
+
 # ----- ln_placement: logs -> runs.csv -> claims -------------------------------------------------
 
 

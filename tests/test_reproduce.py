@@ -59,6 +59,7 @@ def test_unknown_name_fails_with_the_valid_ones(tmp_path: Path):
         "bn_lenet",
         "bn_mlp",
         "gn_batch_size",
+        "gn_batch_size_allconv",
         "rmsnorm_speed",
         "rmsnorm_quality",
         "ln_placement",
@@ -97,6 +98,24 @@ def test_gn_batch_size_has_8_virtual_devices_and_scales_the_lr_linearly(
     assert cfg.norm.ghost_batch == ghost
     assert cfg.optim.warmup_steps == 12800 // batch  # the same warmup images at every b
     assert list(cfg.model.net.channels) == [16, 32] and cfg.model.net.fc_norm == "none"
+
+
+@pytest.mark.parametrize(("per_device", "lr"), [(32, 0.2), (8, 0.05), (2, 0.0125)])
+def test_gn_batch_size_allconv_is_the_same_recipe_on_the_all_conv_net(
+    compose, tmp_path, per_device, lr
+):
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.utils import instantiate
+
+    cfg = compose(["experiment=gn_batch_size_allconv", "norm.ghost_batch=${per_device}",
+                   f"per_device={per_device}"], tmp_path)  # fmt: skip
+    assert HydraConfig.get().sweeper.params.per_device == "32,8,2"
+    assert cfg.batch == 8 * per_device and cfg.norm.ghost_batch == per_device
+    assert cfg.optim.optimizer.lr == pytest.approx(lr) and cfg.trainer.max_epochs == 2
+    assert cfg.optim.warmup_steps == 12800 // cfg.batch and cfg.optim.schedule == "cosine"
+    assert cfg.model.net._target_ == "normlab.models.allconv.AllConvNet"
+    assert set(cfg.model.net) == {"_target_", "norm_layer", "channels", "num_classes"}
+    assert instantiate(cfg.model.net).features.norm6.ghost_batch == per_device
 
 
 def test_ln_placement_warmup_grid_ties_the_data_order_to_the_seed(compose, tmp_path):

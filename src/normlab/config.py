@@ -20,6 +20,7 @@ PROGRESS = ("bar", "epoch", "none")  # what a run shows while it trains (conf/tr
 MODEL_DATA = {
     "lenet": ("fashion_mnist",),
     "mlp": ("fashion_mnist",),
+    "allconv": ("fashion_mnist",),
     "dit": ("fashion_mnist",),
     "transformer": ("shakespeare",),
     "lstm": ("shakespeare",),

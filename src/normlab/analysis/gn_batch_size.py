@@ -41,6 +41,8 @@ BIG, SMALL = 32, 2
 
 
 PILOT = "pilot/"  # the pilot's arms: pilot/bn, pilot/gn, pilot/ln
+# the all-conv net's arms (experiment=gn_batch_size_allconv): 6 convs at 28, 14 and 7 pixels
+ALLCONV = {"allconv/batchnorm": "BN", "allconv/groupnorm": "GN"}
 
 
 def gate_arm(arm_: str, b: float) -> str:
@@ -109,59 +111,81 @@ def _change(table: pd.DataFrame, b: int, base: pd.Series | None = None) -> list[
     return list((table[b] - ref).dropna())
 
 
+def _bn_rise(bn: pd.DataFrame, arm_: str = "batchnorm", net: str = "") -> Claim:
+    """BN's error at b=2 minus at b=32 above the bound; `net` prefixes the claim's words."""
+    return Claim(
+        f"{net}BN's error rises by more than {MIN_BN_RISE:g} points from {BIG} to {SMALL} images "
+        "per device",
+        f"{PAPER_BN[32]}% -> {PAPER_BN[2]}% (+{PAPER_BN[2] - PAPER_BN[32]:.1f})",
+        f"BN's test error at b={SMALL} minus at b={BIG}, points",
+        _change(bn, SMALL),
+        (MIN_BN_RISE, ABOVE),
+        source="ours",
+        why=f"the paper's rise is {PAPER_BN[2] - PAPER_BN[32]:.1f} points on ResNet-50; the "
+        f"{MIN_BN_RISE:g}-point bound is this suite's",
+        arms=(gate_arm(arm_, BIG), gate_arm(arm_, SMALL)),
+        final=True,
+    )
+
+
+def _gn_flat(gn: pd.DataFrame, b: int, arm_: str = "groupnorm", net: str = "") -> Claim:
+    """GN's error at b minus at b=32 within the band."""
+    return Claim(
+        f"{net}GN's error at b={b} stays within +-{GN_FLAT:g} point of b={BIG}",
+        f"{PAPER_GN[32]}% at 32, {PAPER_GN[2]}% at 2 (Table 2)",
+        f"GN's test error at b={b} minus at b={BIG}, points",
+        _change(gn, b),
+        (-GN_FLAT, GN_FLAT),
+        source="ours",
+        why=f"the paper shows GN flat; the +-{GN_FLAT:g}-point band is this suite's",
+        arms=(gate_arm(arm_, BIG), gate_arm(arm_, b)),
+        final=True,
+    )
+
+
+def _gn_below_bn(bn: pd.DataFrame, gn: pd.DataFrame, arms: tuple[str, str] = ("batchnorm",
+                 "groupnorm"), net: str = "") -> Claim:  # fmt: skip
+    """BN's error minus GN's at b=2, paired by seed, above 0."""
+    both = pd.concat([bn.get(SMALL), gn.get(SMALL)], axis=1).dropna() if SMALL in bn else None
+    return Claim(
+        f"{net}GN's error is lower than BN's at b={SMALL}",
+        f"GN {PAPER_GN[2]}% vs BN {PAPER_BN[2]}% ({PAPER_BN[2] - PAPER_GN[2]:.1f} points lower)",
+        f"BN's test error minus GN's at b={SMALL}, points",
+        [] if both is None else list(both.iloc[:, 0] - both.iloc[:, 1]),
+        (0.0, ABOVE),
+        source="paper",
+        arms=(gate_arm(arms[0], SMALL), gate_arm(arms[1], SMALL)),
+        final=True,
+    )
+
+
 def _claims(err: dict[str, pd.DataFrame]) -> list[Claim]:
-    bn, gn = err["batchnorm"], err["groupnorm"]
-    claims = [
-        Claim(
-            f"BN's error rises by more than {MIN_BN_RISE:g} points from {BIG} to {SMALL} images "
-            "per device",
-            f"{PAPER_BN[32]}% -> {PAPER_BN[2]}% (+{PAPER_BN[2] - PAPER_BN[32]:.1f})",
-            f"BN's test error at b={SMALL} minus at b={BIG}, points",
-            _change(bn, SMALL),
-            (MIN_BN_RISE, ABOVE),
-            source="ours",
-            why=f"the paper's rise is {PAPER_BN[2] - PAPER_BN[32]:.1f} points on ResNet-50; the "
-            f"{MIN_BN_RISE:g}-point bound is this suite's",
-            arms=(gate_arm("batchnorm", BIG), gate_arm("batchnorm", SMALL)),
-            final=True,
-        )
-    ]
+    gn = err["groupnorm"]
+    claims = [_bn_rise(err["batchnorm"])]
     for b in sorted((b for b in gn.columns if b != BIG and gn[b].notna().any()), reverse=True):
-        claims.append(
-            Claim(
-                f"GN's error at b={b} stays within +-{GN_FLAT:g} point of b={BIG}",
-                f"{PAPER_GN[32]}% at 32, {PAPER_GN[2]}% at 2 (Table 2)",
-                f"GN's test error at b={b} minus at b={BIG}, points",
-                _change(gn, b),
-                (-GN_FLAT, GN_FLAT),
-                source="ours",
-                why=f"the paper shows GN flat; the +-{GN_FLAT:g}-point band is this suite's",
-                arms=(gate_arm("groupnorm", BIG), gate_arm("groupnorm", b)),
-                final=True,
-            )
-        )
+        claims.append(_gn_flat(gn, b))
     return claims + _comparison_claims(err)
+
+
+def _allconv_claims(err: dict[str, pd.DataFrame]) -> list[Claim]:
+    """The all-conv net's BN rise, GN's flatness at b=2 and GN against BN at b=2; none when
+    runs.csv holds no all-conv job."""
+    if all(table.dropna(how="all").empty for table in err.values()):
+        return []
+    bn_arm, gn_arm = ALLCONV
+    bn, gn, net = err[bn_arm], err[gn_arm], "all-conv net: "
+    return [
+        _bn_rise(bn, bn_arm, net),
+        _gn_flat(gn, SMALL, gn_arm, net),
+        _gn_below_bn(bn, gn, (bn_arm, gn_arm), net),
+    ]
 
 
 def _comparison_claims(err: dict[str, pd.DataFrame]) -> list[Claim]:
     """GN against BN at b=2, the order of the four norms at b=32, BN's rise at a fixed SGD
     batch, and the precise-statistics claims."""
-    bn, gn = err["batchnorm"], err["groupnorm"]
-    both = pd.concat([bn.get(SMALL), gn.get(SMALL)], axis=1).dropna() if SMALL in bn else None
-    claims = []
-    claims.append(
-        Claim(
-            f"GN's error is lower than BN's at b={SMALL}",
-            f"GN {PAPER_GN[2]}% vs BN {PAPER_BN[2]}% "
-            f"({PAPER_BN[2] - PAPER_GN[2]:.1f} points lower)",
-            f"BN's test error minus GN's at b={SMALL}, points",
-            [] if both is None else list(both.iloc[:, 0] - both.iloc[:, 1]),
-            (0.0, ABOVE),
-            source="paper",
-            arms=(gate_arm("batchnorm", SMALL), gate_arm("groupnorm", SMALL)),
-            final=True,
-        )
-    )
+    bn = err["batchnorm"]
+    claims = [_gn_below_bn(bn, err["groupnorm"])]
     order = list(NORMS)  # the paper's order at 32 images per GPU: BN < GN < LN < IN
     for lower, higher in zip(order, order[1:], strict=False):
         pair = pd.concat([err[higher].get(BIG), err[lower].get(BIG)], axis=1).dropna()
@@ -259,7 +283,10 @@ def _mean_ci(table: pd.DataFrame) -> tuple[list[int], list[float], list[float]]:
 def render(data: pd.DataFrame) -> Result:
     """Error against b per norm; change from b=32 per seed (paired); BN with SGD's batch fixed."""
     err = {a: errors(data, a) for a in LABELS}
-    fig, (ax, ax_rel, ax_fix, ax_train) = plt.subplots(1, 4, figsize=(21, 4.5))
+    allconv = {a: errors(data, a).dropna(axis=1, how="all") for a in ALLCONV}
+    ran = not all(table.empty for table in allconv.values())  # a panel of its own when run
+    fig, axes = plt.subplots(1, 5 if ran else 4, figsize=(26 if ran else 21, 4.5))
+    ax, ax_rel, ax_fix, ax_train = axes[:4]
     for k, (a, table) in enumerate(err.items()):
         if table.empty:
             continue
@@ -289,23 +316,54 @@ def render(data: pd.DataFrame) -> Result:
                 label=LABELS[a] if a != "batchnorm" else "BN, SGD batch 8b (lr scaled)",
             )
     _train_panel(ax_train, data)
-    _decorate(fig, (ax, ax_rel, ax_fix, ax_train))
+    if ran:
+        _allconv_panel(axes[4], allconv)
+    _decorate(fig, tuple(axes))
     notes = _notes()
     notes.append(_sgd_effect(err))
+    if ran:
+        notes.append(ALLCONV_NOTE)
     arms = sorted({a for a in data["arm"].unique() if "/b" in a and not a.startswith(PILOT)})
     sections = {"Pilot: the budget at which b=32 converges": _pilot_section(data)}
-    return Result(fig, _claims(err), notes, gates.gates(data, arms), sections)
+    claims = _claims(err) + _allconv_claims(allconv)
+    return Result(fig, claims, notes, gates.gates(data, arms), sections)
+
+
+ALLCONV_NOTE = (
+    "All-conv net (experiment=gn_batch_size_allconv, the same recipe at b = 32, 8, 2): 3 stages "
+    "of 2 x (conv3x3 -> norm -> relu) at 28, 14 and 7 pixels, widths 16, 32, 64, 2x2 max pool "
+    "between stages, global average pool, fc 10; a norm after each of the 6 convs (GN: 4 groups "
+    "of 4, 8, 16 channels). At b=2 its last stage's BN averages 2 x 7 x 7 = 98 values per "
+    "channel in each of two layers, as ResNet-50's res5 does at 2 images per GPU; LeNet's last "
+    "BN averages 2 x 8 x 8 = 128 in its one conv layer at that resolution."
+)
+
+
+def _allconv_panel(ax: plt.Axes, allconv: dict[str, pd.DataFrame]) -> None:
+    """The all-conv net's test error against b: each seed a dot, the mean with its 95% CI."""
+    for a, table in allconv.items():
+        if table.empty:
+            continue
+        color = "C0" if a.endswith("batchnorm") else "C1"  # as BN and GN in the LeNet panels
+        bs, means, halves = _mean_ci(table)
+        ax.errorbar(bs, means, yerr=halves, marker="o", capsize=3, color=color,
+                    label=f"{ALLCONV[a]} ({len(table)} seeds)")  # fmt: skip
+        for b in bs:
+            seeds = table[b].dropna()
+            ax.plot([b] * len(seeds), seeds, ".", color=color, alpha=0.4)
+    ax.set_title("all-conv net (6 convs at 28, 14, 7 px): test error, BN and GN", fontsize=9)
+    ax.set_ylabel("test error (%)")
 
 
 def _decorate(fig: plt.Figure, axes: tuple[plt.Axes, ...]) -> None:
     """Titles, the b axis (shrinking to the right, as in the paper), labels and legends."""
-    ax, ax_rel, ax_fix, ax_train = axes
+    ax, ax_rel, ax_fix, ax_train = axes[:4]
     ax_rel.axhspan(-GN_FLAT, GN_FLAT, color="C1", alpha=0.1, label=f"+-{GN_FLAT:g} point")
     ax.set_title("test error, SGD on 8 devices x b images, lr 0.2 x 8b/256", fontsize=9)
     ax_rel.set_title(f"change from b={BIG}, paired by seed (mean, 95% CI)", fontsize=9)
     ax_fix.set_title("BN: SGD batch 8b vs fixed 256; moving-average vs precise statistics",
                      fontsize=9)  # fmt: skip
-    for a in (ax, ax_rel, ax_fix, ax_train):
+    for a in axes:
         a.set_xscale("log", base=2)
         a.set_xticks([32, 16, 8, 4, 2])
         a.get_xaxis().set_major_formatter(plt.ScalarFormatter())

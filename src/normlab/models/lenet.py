@@ -34,6 +34,20 @@ def norm_for_layer(norm_layer: NormLayer, features: int, layer: str, fc: bool) -
         raise ConfigError(f"{layer} ({features} features): {err}") from err
 
 
+def conv_widths(channels: Sequence[int], count: int, what: str, example: str) -> list[int]:
+    """`channels` as a list of `count` positive integers, or a one-line ValueError naming it."""
+    is_list = isinstance(channels, Sequence) and not isinstance(channels, str)
+    widths = list(channels) if is_list else []  # Hydra's ListConfig is a Sequence
+    if len(widths) != count or not all(
+        isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in widths
+    ):
+        raise ValueError(
+            f"channels={channels!r}: need exactly {count} positive integers ({what}), "
+            f"e.g. {example}"
+        )
+    return widths
+
+
 class LeNet(nn.Module):
     """conv 6 -> pool -> conv 16 -> pool -> fc 120 -> fc 84 -> fc 10, norms from the registry.
 
@@ -60,16 +74,7 @@ class LeNet(nn.Module):
         pool: str = "avg",
     ):
         super().__init__()
-        is_list = isinstance(channels, Sequence) and not isinstance(channels, str)
-        widths = list(channels) if is_list else []  # Hydra's ListConfig is a Sequence
-        if len(widths) != 2 or not all(
-            isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in widths
-        ):
-            raise ValueError(
-                f"channels={channels!r}: need exactly 2 positive integers "
-                "(the widths of conv1 and conv2), e.g. [6, 16]"
-            )
-        c1, c2 = widths
+        c1, c2 = conv_widths(channels, 2, "the widths of conv1 and conv2", "[6, 16]")
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation={activation!r}: choose one of {list(ACTIVATIONS)}")
         if pool not in POOLS:
