@@ -376,7 +376,7 @@ def joint_interval(table: pd.DataFrame, statistic) -> Interval:
     resampled together, within each repeat) and its bootstrap CI."""
     if table.empty:
         return bootstrap([])
-    columns = {c: table[c].to_numpy(dtype=float) for c in table.columns}
+    columns = {c: table[c].to_numpy(dtype=float) for c in TIMES if c != BASELINE_FIRST}
     seeds = table.index.get_level_values("seed").to_numpy()
     positions = np.arange(len(table), dtype=float)
     groups = [positions[seeds == s] for s in np.unique(seeds)]
@@ -410,10 +410,10 @@ def unreachable(s: Interval) -> str:
             f"so no norm can save {100 * MAX_SHARE:g}%")  # fmt: skip
 
 
-def _model_claims(data: pd.DataFrame, model: str, norm: str, t: int) -> list[IntervalClaim]:
-    """One model, norm and thread count: the op-level ratio and the step ratio against the
-    paper's 7%, and the step ratio against its prediction from s and r."""
-    table = model_pairs(data, model, norm, t)
+def _model_claims(arm: tuple[str, str, int], n: dict[str, Interval]) -> list[IntervalClaim]:
+    """One model, norm and thread count (its numbers `n`, _arm_numbers): the op-level ratio and
+    the step ratio against the paper's 7%, and the step ratio against its prediction."""
+    model, norm, t = arm
     where = f"{model_label(model)}, {_threads(t)}"
     paper = PAPER["faster" if norm == "rmsnorm" else "prms_faster"]
     arms = (f"speed/{model}/{norm}/t{t}",)
@@ -424,7 +424,7 @@ def _model_claims(data: pd.DataFrame, model: str, norm: str, t: int) -> list[Int
             f"at the model's shapes, {where}", paper,
             f"r: the median over timed steps of the time of the {name} calls of a step / that "
             f"of the LayerNorm calls, each replayed alone (forward + backward) at the shapes "
-            f"the model gave them", joint_interval(table, op_ratio), (BELOW, MAX_RATIO),
+            f"the model gave them", n["r"], (BELOW, MAX_RATIO),
             CI_JOINT, source="paper", arms=arms,
         ),
         IntervalClaim(
@@ -432,8 +432,8 @@ def _model_claims(data: pd.DataFrame, model: str, norm: str, t: int) -> list[Int
             f"({100 * MAX_SHARE:g}%), {where}", paper,
             f"the median over timed steps of the step time of the model with {name} / that of "
             f"the same model with LayerNorm (stepped on the same batch in the same process)",
-            joint_interval(table, step_ratio), (BELOW, MAX_RATIO), CI_JOINT, source="paper",
-            arms=arms, precluded=unreachable(joint_interval(table, share)),
+            n["measured"], (BELOW, MAX_RATIO), CI_JOINT, source="paper",
+            arms=arms, precluded=unreachable(n["s"]),
         ),
         IntervalClaim(
             f"{name}'s step ratio to LayerNorm is the one its share and op ratio predict, "
@@ -441,7 +441,7 @@ def _model_claims(data: pd.DataFrame, model: str, norm: str, t: int) -> list[Int
             "not stated (the paper times whole models)",
             "measured step ratio - predicted, with s = LayerNorm's share of a step (1 - the "
             "no-norm twin's step time / LayerNorm's) and r the op-level ratio, each a median "
-            "over the timed steps", joint_interval(table, gap),
+            "over the timed steps", n["gap"],
             (-PREDICTION_BAND, PREDICTION_BAND), CI_JOINT, source="ours", why=WHY_PREDICTION,
             arms=arms,
         ),
@@ -451,22 +451,20 @@ def _model_claims(data: pd.DataFrame, model: str, norm: str, t: int) -> list[Int
 def _arm_numbers(data: pd.DataFrame, arm: tuple[str, str, int]) -> dict[str, Interval]:
     """s, r, the predicted and the measured step ratio of one per-model arm."""
     table = model_pairs(data, *arm)
-    stats = {"s": share, "r": op_ratio, "predicted": predicted, "measured": step_ratio}
-    return {k: joint_interval(table, f) for k, f in stats.items()}
+    stats = {"s": share, "r": op_ratio, "predicted": predicted, "measured": step_ratio, "gap": gap}
+    return {k: joint_interval(table, f) for k, f in stats.items()} | {"steps": len(table)}
 
 
 def _ci(i: Interval) -> str:
     return "n/a" if not i.known else f"{i.mean:.3f} [{i.low:.3f}, {i.high:.3f}]"
 
 
-def share_table(data: pd.DataFrame, arms: list[tuple[str, str, int]]) -> str:
+def share_table(numbers: dict[tuple[str, str, int], dict]) -> str:
     """The norm-share table: per arm, s, r, the predicted and the measured step ratio."""
     rows = []
-    for arm in arms:
-        n = _arm_numbers(data, arm)
+    for arm, n in numbers.items():
         rows.append((model_label(arm[0]), _label(arm[1]), arm[2], _ci(n["s"]), _ci(n["r"]),
-                     _ci(n["predicted"]), _ci(n["measured"]),
-                     len(model_pairs(data, *arm))))  # fmt: skip
+                     _ci(n["predicted"]), _ci(n["measured"]), n["steps"]))  # fmt: skip
     columns = ["model", "norm", "threads", "s: LayerNorm's share of a step", "r: op time / "
                "LayerNorm's", "predicted step ratio 1 - s(1 - r)", "measured step ratio",
                "timed steps"]  # fmt: skip
@@ -479,14 +477,14 @@ def share_table(data: pd.DataFrame, arms: list[tuple[str, str, int]]) -> str:
     )
 
 
-def _share_panel(ax: plt.Axes, data: pd.DataFrame, arms: list[tuple[str, str, int]]) -> None:
+def _share_panel(ax: plt.Axes, numbers: dict[tuple[str, str, int], dict]) -> None:
     """Per arm: the measured step ratio, its prediction 1 - s(1 - r), and r, with CIs."""
     marks = {"measured": ("o", "measured step ratio"), "r": ("^", "r: op time ratio"),
              "predicted": ("x", "predicted, 1 - s(1 - r)")}  # fmt: skip
+    arms = list(numbers)
     for i, arm in enumerate(arms):
-        numbers = _arm_numbers(data, arm)
         for k, (key, (mark, label)) in enumerate(marks.items()):
-            v = numbers[key]
+            v = numbers[arm][key]
             if v.known:
                 err = [[v.mean - v.low], [v.high - v.mean]]
                 ax.errorbar([i + 0.2 * (k - 1)], [v.mean], yerr=err, fmt=mark, color=f"C{k}",
@@ -506,16 +504,17 @@ def render_shares(data: pd.DataFrame) -> Result:
     arms = model_arms(data)
     losses = data[data["metric"] == "val/loss"]
     steps = int(losses["x"].max()) if len(losses) else 0
+    numbers = {arm: _arm_numbers(data, arm) for arm in arms}
     fig, (ax_t, ax_loss) = plt.subplots(1, 2, figsize=(15, 5), width_ratios=[3, 2])
-    _share_panel(ax_t, data, arms)
+    _share_panel(ax_t, numbers)
     _loss_panel(ax_loss, data)
     fig.suptitle("RMSNorm vs LayerNorm: step and op time ratios, LayerNorm's share of a step, "
                  "and val loss (Zhang & Sennrich 2019)")  # fmt: skip
     fig.tight_layout()
-    claims = [c for m, n, t in arms if n != BASELINE for c in _model_claims(data, m, n, t)]
+    claims = [c for a in arms if a[1] != BASELINE for c in _model_claims(a, numbers[a])]
     notes = _share_notes(data, arms) + _notes(data, [], steps)[-1:]
     return Result(fig, claims + _quality_claims(data, steps), notes,
-                  sections={"Norm share": share_table(data, arms)})  # fmt: skip
+                  sections={"Norm share": share_table(numbers)})  # fmt: skip
 
 
 def _share_notes(data: pd.DataFrame, arms: list[tuple[str, str, int]]) -> list[str]:

@@ -33,17 +33,6 @@ class StepTime(pl.Callback):
     ) -> None:
         self._start = time.perf_counter()
 
-    def replay_ops(self) -> dict[str, float]:
-        """Each side's norm calls replayed `op_rounds` times, the sides in a random order each
-        round: the least seconds of each (a short block's time is its uninterrupted cost; a
-        preemption by another process lands on one round, not on all)."""
-        sides = [side for side in self.ops if self.ops[side].calls]
-        best = dict.fromkeys(sides, float("inf"))
-        for _ in range(self.op_rounds):
-            for side in self._order.sample(sides, len(sides)):
-                best[side] = min(best[side], self.ops[side].time())
-        return best
-
     def on_train_batch_end(
         self,
         trainer: pl.Trainer,
@@ -230,6 +219,17 @@ class PairedStepTime(pl.Callback):
         with torch.random.fork_rng():
             self.twins = {s: self.build(s, pl_module.device, total) for s in self.sides}
         self.pairs, self.ops = 0, {}
+
+    def replay_ops(self) -> dict[str, float]:
+        """Each side's norm calls replayed `op_rounds` times, the sides in a random order each
+        round: the least seconds of each (a short block's time is its uninterrupted cost; a
+        preemption by another process lands on one round, not on all)."""
+        sides = [side for side in self.ops if self.ops[side].calls]
+        best = dict.fromkeys(sides, float("inf"))
+        for _ in range(self.op_rounds):
+            for side in self._order.sample(sides, len(sides)):
+                best[side] = min(best[side], self.ops[side].time())
+        return best
 
     def on_train_batch_end(
         self,
