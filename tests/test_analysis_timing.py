@@ -165,3 +165,49 @@ def test_paired_step_time_checks_its_arguments(compose, tmp_path):
         PairedStepTime(model, LAYERNORM, warmup=-1)
     with pytest.raises(ValueError, match="norm_key='net.nope': not in the model"):
         PairedStepTime(model, LAYERNORM, norm_key="net.nope")
+
+
+NONE = {"_target_": "normlab.norms.NoNorm", "_partial_": True}
+
+
+def test_identity_twin_and_the_norms_calls_replayed_alone(compose, tmp_path):
+    cfg = _with_timer(compose, tmp_path)
+    with open_dict(cfg):
+        cfg.callbacks.paired_step_time.identity_norm = NONE
+        cfg.callbacks.paired_step_time.ops = True
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)
+    data, task = instantiate(cfg.data), instantiate(cfg.model)
+    timer = instantiate(cfg.callbacks.paired_step_time)
+    assert timer.sides == ("model", "baseline", "identity")
+    recorder = Recorder()
+    trainer = pl.Trainer(max_steps=6, limit_val_batches=0, logger=[recorder], callbacks=[timer],
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False)  # fmt: skip
+    start = {}
+
+    class Snapshot(pl.Callback):  # the twins' weights once built, before any step
+        def on_train_start(self, trainer, pl_module) -> None:
+            start.update({side: _weights(timer.twins[side].task) for side in timer.sides})
+
+    trainer.callbacks.append(Snapshot())
+    trainer.fit(task, datamodule=data)
+    # the three twins start from the same weights but the norm's own (none has no parameters)
+    model, baseline, identity = start["model"], start["baseline"], start["identity"]
+    assert type(timer.twins["identity"].task.net.final_norm).__name__ == "NoNorm"
+    assert set(identity) < set(model) and set(model) - set(identity) == {
+        k for k in model if "norm" in k
+    }
+    assert all(torch.equal(identity[k], model[k]) and torch.equal(model[k], baseline[k])
+               for k in identity)  # fmt: skip
+    # the norm calls recorded: each norm module of the GPT once per forward, at (B, T, d_model)
+    ops = timer.ops["model"]
+    n_norms = sum(type(m).__name__ == "RMSNorm" for m in timer.twins["model"].task.modules())
+    assert len(ops.calls) == len(ops.modules) == n_norms == 3  # 2 per block, 1 final
+    assert set(ops.inputs) == {(4, 16, 16)}
+    assert all(type(m).__name__ == "LayerNorm" for m in timer.ops["baseline"].modules)
+    pairs = [m for _, m in recorder.rows if "time/model_step_ms" in m]
+    assert len(pairs) == 3  # 6 steps, 3 warmup
+    keys = ("model_step", "baseline_step", "identity_step", "model_op", "baseline_op")
+    assert all(m[f"time/{k}_ms"] > 0 for m in pairs for k in keys)
+    with pytest.raises(ValueError, match="op_rounds must be >= 1, got 0"):
+        PairedStepTime(compose(TINY_LM, tmp_path).model, LAYERNORM, op_rounds=0)

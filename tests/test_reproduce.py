@@ -61,6 +61,7 @@ def test_unknown_name_fails_with_the_valid_ones(tmp_path: Path):
         "gn_batch_size",
         "gn_batch_size_allconv",
         "rmsnorm_speed",
+        "rmsnorm_speed_lstm",
         "rmsnorm_quality",
         "ln_placement",
         "ln_placement_init",
@@ -264,18 +265,20 @@ def test_deepnorm_grids_measure_the_first_50_steps_and_train_300(compose, tmp_pa
 
 
 @pytest.mark.parametrize("quick", [False, True])
-def test_rmsnorm_speed_grids_time_300_pairs_and_train_600_steps_of_one_model(
+def test_rmsnorm_speed_grids_time_three_twins_per_model_and_train_600_steps_of_one_model(
     compose, tmp_path, quick
 ):
     from hydra.core.hydra_config import HydraConfig
 
     repro = REPRODUCTIONS["rmsnorm_speed"]
-    speed, quality = repro.grids  # one arm each
+    speed, lstm, quality = repro.grids  # one arm each
     budget = repro.budget(quick)
     cfg = compose([f"experiment={speed.experiment}", *speed.all_overrides(budget, quick),
                    "norm=prmsnorm", "seed=2"], tmp_path)  # fmt: skip
     params = dict(HydraConfig.get().sweeper.params)
-    assert params == {"norm": "layernorm,rmsnorm,prmsnorm", "num_threads": "1,2"}
+    assert params == {"norm": "layernorm,rmsnorm,prmsnorm", "model.net.d_model": "128,256",
+                      "num_threads": "1"}  # fmt: skip
+    assert speed.arm == "speed/gpt${model.net.d_model}/${normlab.norm_name:norm}/t${num_threads}"
     timer = cfg.callbacks.paired_step_time
     assert timer._target_ == "normlab.callbacks.timing.PairedStepTime" and timer.seed == 2
     assert (
@@ -289,17 +292,27 @@ def test_rmsnorm_speed_grids_time_300_pairs_and_train_600_steps_of_one_model(
         "bias": True,
         "impl": "fast",
     }
+    assert timer.identity_norm._target_ == "normlab.norms.NoNorm" and timer.ops
     pairs = cfg.trainer.max_steps - timer.warmup
-    assert pairs == (20 if quick else 300)
+    assert pairs == (20 if quick else 100)
     assert cfg.trainer.max_epochs * cfg.data.train_batches_per_epoch >= cfg.trainer.max_steps
     assert cfg.trainer.limit_val_batches == 0 and cfg.callbacks.update_norm is None
-    assert cfg.num_threads == (1 if quick else None)  # the full sweep sets it (1, 2)
-    shape = (cfg.model.net.d_model, cfg.model.net.depth, cfg.batch, cfg.placement.name)
+    assert cfg.num_threads == (1 if quick else None)  # the full sweep sets it
+    assert (cfg.model.net.depth, cfg.batch) == ((1, 16) if quick else (4, 32))
     assert repro.max_jobs == 1  # timings: one job at a time
+    cfg = compose([f"experiment={lstm.experiment}", *lstm.all_overrides(budget, quick),
+                   "norm=rmsnorm", "seed=2"], tmp_path)  # fmt: skip
+    assert dict(HydraConfig.get().sweeper.params) == {"norm": "layernorm,rmsnorm,prmsnorm"}
+    assert cfg.model.net._target_ == "normlab.models.lstm.LSTMLM" and cfg.num_threads == 1
+    assert cfg.model.net.hidden_size == (32 if quick else 256)
+    timer = cfg.callbacks.paired_step_time
+    assert timer.model.net.norm_layer._target_ == "normlab.norms.RMSNorm"
+    assert timer.identity_norm._target_ == "normlab.norms.NoNorm" and timer.ops
+    assert cfg.trainer.max_steps - timer.warmup == (20 if quick else 100)
     cfg = compose([f"experiment={quality.experiment}", *quality.all_overrides(budget, quick),
                    "seed=2"], tmp_path)  # fmt: skip
     assert dict(HydraConfig.get().sweeper.params) == {"norm": "layernorm,rmsnorm,prmsnorm"}
-    assert (cfg.model.net.d_model, cfg.model.net.depth, cfg.batch, cfg.placement.name) == shape
+    shape = (cfg.model.net.d_model, cfg.model.net.depth, cfg.batch, cfg.placement.name)
     assert shape == ((32, 4, 16, "pre") if quick else (128, 4, 32, "pre"))
     steps = cfg.trainer.max_epochs * cfg.data.train_batches_per_epoch
     assert steps == (20 if quick else 600) and cfg.data.seed == 2 and not cfg.test

@@ -235,7 +235,8 @@ def decide(claims: list, found: list[Gate], initial: int, cap: int) -> list[Deci
     first `initial` values (seeds in order) and capped at `cap`; the verdict under Holm's
     correction over the claims that passed their gates (family-wise 95%)."""
     failed = [_failed(c, found) for c in claims]
-    ps = [math.nan if f else _p(c) for c, f in zip(claims, failed, strict=True)]
+    ps = [math.nan if f or getattr(c, "precluded", "") else _p(c)
+          for c, f in zip(claims, failed, strict=True)]  # fmt: skip
     rejected = stats.holm(ps)
     out = []
     for claim, fail, p, rej in zip(claims, failed, ps, rejected, strict=True):
@@ -250,6 +251,8 @@ def decide(claims: list, found: list[Gate], initial: int, cap: int) -> list[Deci
             continue
         if fail:
             verdict = holm = f"invalid: {gate_text}"
+        elif getattr(claim, "precluded", ""):  # unreachable by construction: shown, not tested
+            verdict = holm = claim.precluded
         elif math.isnan(p):
             holm = "n/a (interval not from seeds)" if picked is None else verdict
         else:

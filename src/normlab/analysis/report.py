@@ -82,12 +82,17 @@ class IntervalClaim:
     why: str = ""
     arms: tuple[str, ...] = ()
     final: bool = False
+    # the verdict when the claim cannot be met by construction, whatever the interval (e.g.
+    # "unreachable: ..."): shown as gates' invalid verdicts are, and left out of Holm's family
+    precluded: str = ""
 
     def __post_init__(self) -> None:
         check_source(self)
 
     @property
     def verdict(self) -> str:
+        if self.precluded:
+            return self.precluded
         return stats.verdict(self.interval, self.region, self.undecided)
 
     @property
@@ -391,7 +396,10 @@ def gates_table(found: list[gates.Gate]) -> str:
 def claims_table(claims: list, decisions: list[gates.Decision], initial: int, cap: int) -> str:
     """The claims as a markdown table (provenance, mean and 95% CI over seeds, seeds run and
     planned, verdict, verdict under Holm), their rules and how their intervals were computed."""
-    tested = sum(not d.verdict.startswith("invalid") for d in decisions)
+    precluded = sum(bool(getattr(c, "precluded", "")) for c in claims)
+    tested = sum(not d.verdict.startswith("invalid") for d in decisions) - precluded
+    others = "invalid by their gates" + (" or precluded (unreachable by construction)"
+                                         if precluded else "")  # fmt: skip
     columns = ["claim (as tested here)", "source", "paper", "ours: mean [95% CI]",
                "seeds (planned)", "verdict", "Holm"]  # fmt: skip
     rows = [
@@ -401,7 +409,7 @@ def claims_table(claims: list, decisions: list[gates.Decision], initial: int, ca
         for c, d in zip(claims, decisions, strict=True)
     ]  # fmt: skip
     lines = [
-        f"Family: {len(claims)} claims, {tested} tested (the others invalid by their gates); "
+        f"Family: {len(claims)} claims, {tested} tested (the others {others}); "
         "the last column decides them under Holm's correction at family-wise 95% (two-sided "
         "p of each verdict's t-test, `normlab.analysis.stats.p_value`).  ",
         f"Seeds: {initial} first; `planned` is the n whose interval would clear the nearest "
