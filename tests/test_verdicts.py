@@ -273,3 +273,9 @@ def test_a_verdict_reads_at_least_three_seeds():
     claim = report.Claim("c", "p", "q", [1.0, 1.1], (0.5, stats.ABOVE), source="paper")
     decision = gates.decide([claim], [], 3, 12)[0]
     assert decision.verdict == "undecided (2 seeds, fewer than 3)" == decision.holm
+    # a failed gate on too few seeds: still no verdict; the gates column names the failure
+    failed = gates.decide([report.Claim("c", "p", "q", [1.0], (0.5, stats.ABOVE), source="paper",
+                                        arms=("a",))], [gates.Gate("a", "trained", False, "")],
+                          3, 12)[0]  # fmt: skip
+    assert failed.verdict == "undecided (1 seeds, fewer than 3)"
+    assert failed.gates == "a did not train"

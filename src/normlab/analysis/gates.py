@@ -245,9 +245,9 @@ def decide(claims: list, found: list[Gate], initial: int, cap: int) -> list[Deci
         planned = (None if picked is None else
                    stats.seeds_needed(picked[0][:initial], picked[1], picked[2]))  # fmt: skip
         verdict = claim.verdict
-        if picked is not None and 0 < len(picked[0]) < MIN_SEEDS and not fail:
+        if picked is not None and 0 < len(picked[0]) < MIN_SEEDS:  # no verdict, not even invalid
             verdict = holm = f"undecided ({len(picked[0])} seeds, fewer than {MIN_SEEDS})"
-            out.append(Decision(verdict, holm, planned, p, "pass"))
+            out.append(Decision(verdict, holm, planned, p, gate_text or "pass"))
             continue
         if fail:
             verdict = holm = f"invalid: {gate_text}"
