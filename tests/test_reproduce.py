@@ -410,9 +410,9 @@ def test_a_users_norm_runs_through_a_reproduction_as_one_more_arm(tmp_path):
                                             "gpt/rmsnorm"]  # fmt: skip
     claims = pd.read_csv(figures / "dyt_vs_ln+meanonly.claims.csv").set_index("claim")
     mine = claims.loc["GPT: meanonly's final val loss is within +-0.05 nats of LayerNorm's"]
-    assert mine["n_seeds"] == 2 and (mine["verdict"] in (
-        "holds", "does not hold", "undecided (within noise)"
-    ) or mine["verdict"].startswith("invalid: "))  # 20 steps: the gates may fail  # fmt: skip
+    # --quick runs 2 seeds: fewer than the 3 a verdict needs, whatever the gates say
+    assert mine["n_seeds"] == 2 and mine["verdict"] == "undecided (2 seeds, fewer than 3)"
+    assert isinstance(mine["gates"], str) and mine["gates"]  # the gates are still reported
     md = (figures / "dyt_vs_ln+meanonly.md").read_text()
     assert "--norm meanonly --plugin examples.my_norm --quick" in md
     assert not (figures / "dyt_vs_ln.md").exists()  # the reproduction's own evidence untouched
