@@ -713,15 +713,17 @@ def test_rmsnorm_speed_bootstrap_median_ratios_and_paired_val_loss(tmp_path: Pat
 
 
 def _dit_run(root: Path, conditioning: str, seed: int, fid: float, loss: float,
-             resampled: float | None = None) -> Run:  # fmt: skip
-    """A finished DiT job: its config (fid settings, depth), val loss per epoch and final fid."""
-    run_dir = root / f"{conditioning}-{seed}"
+             resampled: float | None = None, depth: int = 4, eps: float = 1e-6) -> Run:  # fmt: skip
+    """A finished DiT job: its config (fid settings, depth), val loss per epoch and final fid;
+    at a depth other than 4, a job of the deep grid (arm deep/<conditioning>)."""
+    arm = conditioning if depth == 4 else dit_conditioning.DEEP + conditioning
+    run_dir = root / f"{arm.replace('/', '-')}-{seed}"
     (run_dir / ".hydra").mkdir(parents=True)
     fid_cfg = {"num_samples": 5000, "steps": None, "guidance_scale": 1.0, "seed": 0}
-    net = {"hidden_size": 96, "depth": 4, "num_heads": 4, "patch_size": 4}
-    if seed == 2:  # a config written before the shapes were explicit: depth from the size preset
+    net = {"hidden_size": 96, "depth": depth, "num_heads": 4, "patch_size": 4}
+    if seed == 2 and depth == 4:  # a config from before the shapes were explicit: tiny's depth
         net = {"size": "tiny", "depth": None}
-    net["conditioning"], net["norm_eps"] = conditioning, 1e-6
+    net["conditioning"], net["norm_eps"] = conditioning, eps
     cfg = {"callbacks": {"fid": fid_cfg}, "model": {"sample_steps": 25, "guidance_scale": 1.5,
                                                     "net": net}}  # fmt: skip
     (run_dir / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
@@ -734,8 +736,48 @@ def _dit_run(root: Path, conditioning: str, seed: int, fid: float, loss: float,
         ]
     )
     overrides = {"experiment": "dit_conditioning", dit_conditioning.KEY: conditioning,
-                 "seed": str(seed), "arm": conditioning}  # fmt: skip
+                 "seed": str(seed), "arm": arm}  # fmt: skip
     return Run(overrides, "ok", run_dir, metrics=metrics)
+
+
+def test_dit_conditioning_deep_grid_asks_whether_adaln_zeros_gain_grows_with_depth(tmp_path):
+    """4 blocks: adaLN 2 above adaLN-Zero; 8 blocks: 4 above. The gain grows by 2 a seed, read
+    only where both depths ran their norms at the same eps."""
+
+    def runs(root: Path, deep_eps: float) -> list[Run]:
+        fids = {(4, "adaln_zero"): 10.0, (4, "adaln"): 12.0, (8, "adaln_zero"): 9.0,
+                (8, "adaln"): 13.0}  # fmt: skip
+        return [_dit_run(root, c, s, f + [0.0, 0.3, -0.2][s] + 0.1 * s * (c == "adaln"), 0.05,
+                         depth=d, eps=1e-6 if d == 4 else deep_eps)
+                for (d, c), f in fids.items() for s in range(3)]  # fmt: skip
+
+    data = dit_conditioning.extract(runs(tmp_path / "same", 1e-6))
+    result = dit_conditioning.render(data)
+    claims = {c.claim: c for c in result.claims}
+    deep = claims["in a DiT of 8 blocks, adaLN-Zero's fid_lenet is lower than adaLN's"]
+    assert deep.values == pytest.approx([4.0, 4.1, 4.2]) and deep.verdict == stats.HOLDS
+    grows = claims["adaLN-Zero's fid_lenet gain over adaLN grows with depth (4 to 8 blocks)"]
+    assert grows.values == pytest.approx([2.0, 2.0, 2.0]) and grows.verdict == stats.HOLDS
+    assert grows.source == "ours" and set(grows.arms) == {"adaln_zero", "adaln", "deep/adaln_zero",
+                                                          "deep/adaln"}  # fmt: skip
+    assert {g.arm for g in result.gates} == {"adaln_zero", "adaln", "deep/adaln_zero",
+                                             "deep/adaln"}  # fmt: skip
+    assert any("eps 1e-06 at 4 blocks, 1e-06 at 8 blocks" in n for n in result.notes)
+    assert len(result.figure.axes) == 3  # fid at 4 blocks, at 8, the val loss curves
+    plt.close(result.figure)
+
+    apart = dit_conditioning.render(dit_conditioning.extract(runs(tmp_path / "apart", 1e-5)))
+    grows = next(c for c in apart.claims if "grows with depth" in c.claim)
+    assert grows.verdict == (
+        "not comparable: the norms' eps differ between the arms (1e-05 vs 1e-06)"
+    )
+    decided = gates.decide(apart.claims, apart.gates, initial=3, cap=12)[-1]
+    assert decided.verdict == decided.holm == grows.verdict  # shown, outside Holm's family
+    plt.close(apart.figure)
+    unrecorded = data[~((data["arm"] == "deep/adaln") & (data["metric"] == "config/norm_eps"))]
+    result = dit_conditioning.render(unrecorded)
+    assert result.claims[-1].verdict.startswith("not comparable: an arm's runs do not record")
+    plt.close(result.figure)
 
 
 def test_dit_conditioning_pairwise_ranks_ties_and_the_best_of_four(tmp_path: Path):

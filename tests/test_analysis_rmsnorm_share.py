@@ -91,7 +91,7 @@ def test_unreachable_when_the_share_is_below_seven_percent(result):
     assert math.isnan(decided[small.claim].p_value)  # not in Holm's family
     assert decided[lstm.claim].verdict == stats.HOLDS
     table = report.claims_table(result.claims, decisions, 3, 12)
-    assert "or precluded (unreachable by construction)" in table
+    assert "or precluded (its verdict says why)" in table
     assert f"**{small.precluded}**" in table
 
 

@@ -305,7 +305,6 @@ def test_the_dit_takes_its_norm_as_a_callable_of_the_width():
 
     from torch import nn
 
-
     torch.manual_seed(0)
     ours = DiT(partial(nn.LayerNorm, elementwise_affine=False, eps=1e-6), **TINY)
     assert all(type(b.norm1) is nn.LayerNorm for b in ours.blocks)

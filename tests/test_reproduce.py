@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 script = importlib.import_module("reproduce")  # scripts/reproduce.py
 # Rendered with --quick in CI's slow run: every reproduction.
 CI_NAMES = ["bn_lenet", "gn_batch_size", "ln_placement", "ln_rnn", "deepnorm_depth",
-            "rmsnorm_speed", "dit_conditioning", "dit_conditioning_deep", "dyt_vs_ln"]  # fmt: skip
+            "rmsnorm_speed", "dit_conditioning", "dyt_vs_ln"]  # fmt: skip
 
 
 # a reproduction's analysis where a test needs none: extract, render

@@ -176,6 +176,11 @@ def test_the_figure_says_which_arms_failed_and_the_verdicts_by_source():
     passing = [gates.Gate("a", "trained", True, "")]
     assert report.footer(passing, [], []) == "Gates (1 arm): every measured gate passes."
     assert report.footer([], [], []).startswith("Gates: none measured")
+    unknown = gates.Gate("b", "converged", None, "no train-loss curve in runs.csv")
+    assert report.footer([unknown], [], []).startswith("Gates: none measured")
+    assert report.footer([*passing, unknown], [], []) == (
+        "Gates (2 arms): every measured gate passes; 1 of 2 not measured."
+    )
 
 
 def test_holm_column_corrects_over_the_tested_claims_only():

@@ -1,9 +1,10 @@
 """dit_conditioning: DiT (Peebles & Xie 2023) Table 4, the four conditioning mechanisms by FID.
 
-One grid (experiment=dit_conditioning): adaLN-Zero, adaLN, cross-attention and in-context on
-the tiny DiT, each over seeds. dit_conditioning_deep (its experiment of the same name,
-`render_deep`): adaLN-Zero against adaLN alone in a DiT of twice the depth, where starting each
-block as the identity is meant to matter more.
+Grid `conditioning` (experiment=dit_conditioning): adaLN-Zero, adaLN, cross-attention and
+in-context on the tiny DiT (4 blocks), each over seeds. Grid `deep` (experiment=
+dit_conditioning_deep, arms deep/<conditioning>): adaLN-Zero against adaLN in a DiT of twice the
+depth, where starting each block as the identity is meant to matter more; paired by seed with
+the 4-block pair, it asks whether adaLN-Zero's gain grows with depth.
 
 Every job is scored once after its last step: val/fid_lenet of 5,000 samples without guidance,
 from the EMA weights, the starting noise the same for every job. `resample` scores each arm's
@@ -44,6 +45,7 @@ NAMES = {
 }
 KEY = "model.net.conditioning"
 PAIR = ("adaln_zero", "adaln")  # the deeper DiT's comparison
+DEEP = "deep/"  # the deep grid's arms: deep/<conditioning>
 FID = "val/fid_lenet"
 RESAMPLE_FILE = "fid_resample.json"  # in a run dir: its checkpoint scored on other noise
 TIE = "tie (within noise)"
@@ -183,6 +185,17 @@ def extract(runs: list[Run]) -> pd.DataFrame:
 # ----- runs.csv -> claims and figure -------------------------------------------------------------
 
 
+def conditioning(arm: str) -> str:
+    """The conditioning an arm runs: `adaln` of both `adaln` and `deep/adaln`."""
+    return arm.removeprefix(DEEP)
+
+
+def label(data: pd.DataFrame, arm: str) -> str:
+    """An arm's name in the figure and notes; a deep arm's with its depth."""
+    name = NAMES[conditioning(arm)]
+    return f"{name}, {setting(data, [arm], DEPTH)} blocks" if arm.startswith(DEEP) else name
+
+
 def per_seed(data: pd.DataFrame, a: str, name: str) -> pd.Series:
     """{seed: value} of one arm's final metric."""
     return metric(data, a, name).set_index("seed")["value"].sort_index()
@@ -253,10 +266,14 @@ def setting(data: pd.DataFrame, arms: list[str], name: str) -> str:
     return "/".join(f"{v:g}" for v in sorted(values.unique())) or "?"
 
 
+def _color(arm: str) -> str:
+    return f"C{list(NAMES).index(conditioning(arm))}"
+
+
 def _dots(ax: plt.Axes, data: pd.DataFrame, arms: list[str], name: str) -> None:
     """Each seed (dots) and the mean with its 95% t-interval, per arm; resampled sets as x."""
     for i, a in enumerate(arms):
-        color = f"C{list(NAMES).index(a)}"
+        color = _color(a)
         values = per_seed(data, a, name)
         offsets = np.linspace(-0.12, 0.12, len(values)) if len(values) > 1 else [0.0]
         ax.plot(i + np.asarray(offsets), values.values, ".", color=color, alpha=0.6)
@@ -267,62 +284,73 @@ def _dots(ax: plt.Axes, data: pd.DataFrame, arms: list[str], name: str) -> None:
         if name == FINAL_FID:
             again = per_seed(data, a, RESAMPLED_FID)
             ax.plot([i + 0.25] * len(again), again.values, "x", color=color)
-    ax.set_xticks(range(len(arms)), [NAMES[a] for a in arms], fontsize=8)
+    ax.set_xticks(range(len(arms)), [NAMES[conditioning(a)] for a in arms], fontsize=8)
 
 
 def _loss_curves(ax: plt.Axes, data: pd.DataFrame, arms: list[str]) -> None:
     for a in arms:
-        color = f"C{list(NAMES).index(a)}"
         curves = metric(data, a, VAL_LOSS).pivot(index="x", columns="seed", values="value")
         if curves.empty:
             continue
-        ax.plot(curves.index, curves.mean(axis=1), color=color, marker=".", label=NAMES[a])
+        ax.plot(curves.index, curves.mean(axis=1), color=_color(a), marker=".",
+                ls="--" if a.startswith(DEEP) else "-", label=label(data, a))  # fmt: skip
     ax.set(xlabel="training step", ylabel="val loss (EMA weights)",
            title="val loss, mean over seeds")  # fmt: skip
     ax.title.set_fontsize(9)
     ax.legend(fontsize=8)
 
 
-def _figure(data: pd.DataFrame, arms: list[str], what: str, width: float) -> plt.Figure:
-    """fid_lenet per arm (seeds, mean and CI, resampled sets) beside the val loss curves."""
-    fig, (ax_fid, ax_loss) = plt.subplots(1, 2, figsize=(width, 4.4))
-    _dots(ax_fid, data, arms, FINAL_FID)
+def _fid_panel(ax: plt.Axes, data: pd.DataFrame, arms: list[str]) -> None:
+    _dots(ax, data, arms, FINAL_FID)
     samples = setting(data, arms, "config/fid_samples")
     guidance = setting(data, arms, "config/fid_guidance")
-    ax_fid.set(ylabel=f"fid_lenet ({samples} samples, guidance {guidance})",
-               title="fid_lenet per seed (dots), mean and 95% CI; x: the same checkpoint "
-               "on other noise")  # fmt: skip
-    ax_fid.title.set_fontsize(9)
-    _loss_curves(ax_loss, data, arms)
-    steps, depth = setting(data, arms, "steps"), setting(data, arms, DEPTH)
-    fig.suptitle(f"{what} on Fashion-MNIST: DiT of {depth} blocks, {steps} steps")
+    ax.set(ylabel=f"fid_lenet ({samples} samples, guidance {guidance})",
+           title=f"DiT of {setting(data, arms, DEPTH)} blocks: fid_lenet per seed (dots), mean "
+           "and 95% CI;\nx: the same checkpoint on other noise")  # fmt: skip
+    ax.title.set_fontsize(9)
+
+
+def _figure(data: pd.DataFrame, arms: list[str], deep: list[str]) -> plt.Figure:
+    """fid_lenet per arm (seeds, mean and CI, resampled sets) at each depth, beside the val
+    loss curves (the deep arms dashed)."""
+    widths = [4, 2, 3] if deep else [4, 3]
+    fig, axes = plt.subplots(1, len(widths), figsize=(14 if deep else 12, 4.6),
+                             gridspec_kw={"width_ratios": widths})  # fmt: skip
+    _fid_panel(axes[0], data, arms)
+    if deep:
+        _fid_panel(axes[1], data, deep)
+    _loss_curves(axes[-1], data, arms + deep)
+    steps = setting(data, arms + deep, "steps")
+    fig.suptitle(f"DiT conditioning (DiT Table 4) on Fashion-MNIST: {steps} steps")
     fig.tight_layout()
     return fig
 
 
-def render(data: pd.DataFrame) -> Result:
-    """fid_lenet per arm (seeds, mean and CI, resampled sets) and val loss curves."""
-    arms = [c for c in NAMES if c in set(data["arm"])]
-    fig = _figure(data, arms, "DiT conditioning (DiT Table 4)", width=12)
-    best_fid, best_loss = _best_claims(data)
-    claims = [best_fid, *_rank_claims(data), best_loss]
-    return Result(fig, claims, _notes(data, arms), gates.gates(data, arms))
-
-
-def render_deep(data: pd.DataFrame) -> Result:
-    """adaLN-Zero against adaLN in the deeper DiT: the same panels, one pair's claims."""
-    arms = [c for c in PAIR if c in set(data["arm"])]
-    fig = _figure(data, arms, "adaLN-Zero vs adaLN (DiT Sec. 3.2)", width=10)
-    depth = setting(data, arms, DEPTH)
-    claims = [
+def _deep_claims(data: pd.DataFrame) -> list[Claim]:
+    """adaLN-Zero against adaLN in the deeper DiT (the paper's measure and ours), and whether
+    adaLN-Zero's gain over adaLN grows from the 4-block pair to the deep one (ours)."""
+    deep = tuple(DEEP + c for c in PAIR)
+    depth, shallow = setting(data, list(deep), DEPTH), setting(data, list(PAIR), DEPTH)
+    gain = {d: pd.Series(dict(zip(*_paired(data, pair), strict=True)))
+            for d, pair in ((shallow, PAIR), (depth, deep))}  # fmt: skip
+    both = pd.concat(gain.values(), axis=1).dropna()
+    eps = {setting(data, [a], "config/norm_eps") for a in (*PAIR, *deep)}  # '?': not recorded
+    apart = ""
+    if "?" in eps:
+        apart = "not comparable: an arm's runs do not record the norms' eps (rerun its grid)"
+    elif len(eps) > 1:
+        apart = (
+            f"not comparable: the norms' eps differ between the arms ({' vs '.join(sorted(eps))})"
+        )
+    return [
         Claim(
             f"in a DiT of {depth} blocks, adaLN-Zero's fid_lenet is lower than adaLN's",
             f"FID-50K {PAPER_FID['adaln_zero']} vs {PAPER_FID['adaln']} (XL/2, 28 blocks)",
             "adaLN's fid_lenet minus adaLN-Zero's (same seed)",
-            _gaps(data, "adaln_zero", ["adaln"], FINAL_FID),
+            _gaps(data, deep[0], [deep[1]], FINAL_FID),
             (0.0, ABOVE),
             undecided=TIE,
-            arms=PAIR,
+            arms=deep,
             final=True,
             source="paper",
         ),
@@ -331,16 +359,56 @@ def render_deep(data: pd.DataFrame) -> Result:
             "val loss is lower than adaLN's",
             "the paper reports FID only",
             "adaLN's final val loss (EMA weights) minus adaLN-Zero's (same seed)",
-            _gaps(data, "adaln_zero", ["adaln"], FINAL_LOSS),
+            _gaps(data, deep[0], [deep[1]], FINAL_LOSS),
             (0.0, ABOVE),
             undecided=TIE,
-            arms=PAIR,
+            arms=deep,
             final=True,
             source="ours",
             why="a second measure: the paper reports FID only",
         ),
+        Claim(
+            f"adaLN-Zero's fid_lenet gain over adaLN grows with depth ({shallow} to {depth} "
+            "blocks)",
+            "the paper compares at one depth (XL/2, 28 blocks)",
+            f"(adaLN minus adaLN-Zero fid_lenet at {depth} blocks) minus (the same at {shallow} "
+            "blocks), seeds paired",
+            list(both.iloc[:, 1] - both.iloc[:, 0]),
+            (0.0, ABOVE),
+            arms=PAIR + deep,
+            final=True,
+            source="ours",
+            why="DiT argues that adaLN-Zero helps by starting each block as the identity (Sec. "
+            "3.2), which should matter more as blocks stack; it measures one depth only",
+            precluded=apart,
+        ),
     ]
-    return Result(fig, claims, _notes(data, arms), gates.gates(data, arms))
+
+
+def _paired(data: pd.DataFrame, pair: tuple[str, str]) -> tuple[list[int], list[float]]:
+    """Per seed both arms of the pair ran: the seed and the second's fid_lenet minus the first's."""
+    table = pd.concat([per_seed(data, a, FINAL_FID) for a in pair], axis=1).dropna()
+    return list(table.index), list(table.iloc[:, 1] - table.iloc[:, 0])
+
+
+def render(data: pd.DataFrame) -> Result:
+    """fid_lenet per arm (seeds, mean and CI, resampled sets) at each depth and val loss
+    curves; the four-way claims, and the deep pair's where its grid ran."""
+    present = set(data["arm"])
+    arms = [c for c in NAMES if c in present]
+    deep = [DEEP + c for c in PAIR if DEEP + c in present]
+    fig = _figure(data, arms, deep)
+    best_fid, best_loss = _best_claims(data)
+    claims = [best_fid, *_rank_claims(data), best_loss]
+    if deep:
+        claims += _deep_claims(data)
+    return Result(fig, claims, _notes(data, arms + deep), gates.gates(data, arms + deep))
+
+
+def _by_depth(data: pd.DataFrame, arms: list[str]) -> list[list[str]]:
+    """The arms grouped by grid: the 4-block arms, then the deep ones (empty groups left out)."""
+    groups = [[a for a in arms if not a.startswith(DEEP)], [a for a in arms if a.startswith(DEEP)]]
+    return [g for g in groups if g]
 
 
 def _mean_ci(values: pd.Series, digits: int) -> str:
@@ -357,12 +425,17 @@ def _notes(data: pd.DataFrame, arms: list[str]) -> list[str]:
         f"{setting(data, arms, 'config/fid_samples')} samples (classes balanced, "
         f"{setting(data, arms, 'config/fid_steps')} DDIM steps, guidance "
         f"{setting(data, arms, 'config/fid_guidance')}) from the EMA weights after its last step "
-        f"(the DiT's norms at eps {setting(data, arms, 'config/norm_eps')}) "
+        "(the DiT's norms at eps "
+        + ", ".join(
+            f"{setting(data, group, 'config/norm_eps')} at {setting(data, group, DEPTH)} blocks"
+            for group in _by_depth(data, arms)
+        )  # fmt: skip
+        + ") "
         "and from the same starting noise, so a paired difference leaves that draw aside; the "
         "resampling note shows how far another draw moves one checkpoint.",
         "Per arm, mean [95% CI] over seeds: "
         + "; ".join(
-            f"{NAMES[a]}: fid_lenet {_mean_ci(per_seed(data, a, FINAL_FID), 2)}, val loss "
+            f"{label(data, a)}: fid_lenet {_mean_ci(per_seed(data, a, FINAL_FID), 2)}, val loss "
             f"{_mean_ci(per_seed(data, a, FINAL_LOSS), 4)}"
             for a in arms
         )
@@ -377,7 +450,9 @@ def _notes(data: pd.DataFrame, arms: list[str]) -> list[str]:
         shifts = [abs(v - f) for _, _, f, v in again if f is not None]
         notes.append(
             "Resampling noise (one checkpoint, two disjoint sets of starting noise): "
-            + "; ".join(f"{NAMES[a]} seed {s}: {f:.2f} vs {v:.2f}" for a, s, f, v in again)
+            + "; ".join(
+                f"{label(data, a)} seed {s}: {f:.2f} vs {v:.2f}" for a, s, f, v in again
+            )  # fmt: skip
             + f"; the largest shift {max(shifts):.2f}."
         )
     return notes

@@ -36,6 +36,9 @@ class Claim:
     why: str = ""  # for an "ours" claim: why this suite tests this threshold or quantity
     arms: tuple[str, ...] = ()  # the arms its values come from: their gates decide validity
     final: bool = False  # compares final values: each arm must have converged
+    # the verdict when the values cannot answer the claim as run (e.g. "not comparable: ..."):
+    # shown as gates' invalid verdicts are, and left out of Holm's family (as IntervalClaim's)
+    precluded: str = ""
     ci_method: ClassVar[str] = stats.CI_METHOD
 
     def __post_init__(self) -> None:
@@ -47,6 +50,8 @@ class Claim:
 
     @property
     def verdict(self) -> str:
+        if self.precluded:
+            return self.precluded
         return stats.verdict(self.interval, self.region, self.undecided)
 
     @property
@@ -300,7 +305,8 @@ def fmt(value: float, digits: int = 3) -> str:
 def footer(found: list[gates.Gate], claims: list, decisions: list[gates.Decision]) -> str:
     """What a figure alone must say, printed under it: which arms failed which gate (a failed arm
     stays drawn; its claims are invalid), and the verdicts by the claims' source."""
-    if not found:
+    unmeasured = sum(g.passed is None for g in found)
+    if unmeasured == len(found):
         lines = ["Gates: none measured (the runs predate the gates)."]
     else:
         failed: dict[str, list[str]] = {}
@@ -310,7 +316,8 @@ def footer(found: list[gates.Gate], claims: list, decisions: list[gates.Decision
         arms = len({g.arm for g in found})
         lines = [f"Gates ({arms} arm{'s' * (arms != 1)}): " + ("; ".join(
             f"{word}: {', '.join(a)}" for word, a in failed.items()) or "every measured gate "
-            "passes") + "."]  # fmt: skip
+            "passes") + (f"; {unmeasured} of {len(found)} not measured" if unmeasured else "")
+            + "."]  # fmt: skip
     for source in ("paper", "ours"):
         verdicts = [d.verdict.split(":")[0].split(" (")[0].split(";")[0]
                     for c, d in zip(claims, decisions, strict=True)
@@ -398,7 +405,7 @@ def claims_table(claims: list, decisions: list[gates.Decision], initial: int, ca
     planned, verdict, verdict under Holm), their rules and how their intervals were computed."""
     precluded = sum(bool(getattr(c, "precluded", "")) for c in claims)
     tested = sum(not d.verdict.startswith("invalid") for d in decisions) - precluded
-    others = "invalid by their gates" + (" or precluded (unreachable by construction)"
+    others = "invalid by their gates" + (" or precluded (its verdict says why)"
                                          if precluded else "")  # fmt: skip
     columns = ["claim (as tested here)", "source", "paper", "ours: mean [95% CI]",
                "seeds (planned)", "verdict", "Holm"]  # fmt: skip
