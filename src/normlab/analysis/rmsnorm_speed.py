@@ -536,6 +536,13 @@ def _share_notes(data: pd.DataFrame, arms: list[tuple[str, str, int]]) -> list[s
         f"(a free norm's step is 1 - s as long): where the share's CI lies wholly below "
         f"{MAX_SHARE:g}, the paper's {100 * MAX_SHARE:g}% claim reads `unreachable` with s, not "
         "`does not hold`, and is left out of Holm's family.",
+        "What is timed is each norm as normlab trains with it (impl=fast): LayerNorm is torch's "
+        "native kernel (F.layer_norm, its backward in C++); RMSNorm and pRMSNorm run normlab's "
+        "fused C++ kernel on CPU, reached through Python (the module, and a gradient registered "
+        "with torch.library). At the models' shapes a call moves little data, so that per-call "
+        "overhead can outweigh the arithmetic RMSNorm saves; at a large shape the fused kernel "
+        "alone beats LayerNorm's (`python scripts/rms_vs_ln.py`, docs/bench/rms_vs_ln.md). r "
+        "and the step ratios compare these implementations, not the formulas.",
     ]
     for model, norm, t in arms:
         table = model_pairs(data, model, norm, t)
