@@ -763,7 +763,7 @@ def test_dit_conditioning_deep_grid_asks_whether_adaln_zeros_gain_grows_with_dep
     assert {g.arm for g in result.gates} == {"adaln_zero", "adaln", "deep/adaln_zero",
                                              "deep/adaln"}  # fmt: skip
     assert any("eps 1e-06 at 4 blocks, 1e-06 at 8 blocks" in n for n in result.notes)
-    assert len(result.figure.axes) == 3  # fid at 4 blocks, at 8, the val loss curves
+    assert len(result.figure.axes) == 4  # fid at 4 blocks, at 8; val and train loss curves
     plt.close(result.figure)
 
     apart = dit_conditioning.render(dit_conditioning.extract(runs(tmp_path / "apart", 1e-5)))

@@ -300,6 +300,28 @@ def _loss_curves(ax: plt.Axes, data: pd.DataFrame, arms: list[str]) -> None:
     ax.legend(fontsize=8)
 
 
+def _train_panel(ax: plt.Axes, data: pd.DataFrame, arms: list[str]) -> None:
+    """The train loss the converged gate reads, mean over seeds (a running mean over the
+    logged steps: one step's diffusion loss is noisy), with the gate's two windows shaded."""
+    last = 0.0
+    for a in arms:
+        curves = metric(data, a, gates.TRAIN_LOSS).pivot(index="x", columns="seed", values="value")
+        if curves.empty:
+            continue
+        mean = curves.mean(axis=1).rolling(max(1, len(curves) // 25), center=True).mean()
+        ax.plot(mean.index, mean.values, color=_color(a), ls="--" if a.startswith(DEEP) else "-",
+                label=label(data, a))  # fmt: skip
+        last = max(last, float(curves.index.max()))
+    if not last:
+        ax.text(0.5, 0.5, "no train loss in runs.csv\n(the runs predate the gates)",
+                ha="center", va="center", transform=ax.transAxes, fontsize=8)  # fmt: skip
+    for lo, hi in gates.WINDOWS:
+        ax.axvspan(lo * last, hi * last, color="0.9", zorder=0)
+    ax.set(xlabel="training step", ylabel="train loss (running mean)",
+           title="train loss, mean over seeds;\nshaded: the converged gate's windows")  # fmt: skip
+    ax.title.set_fontsize(9)
+
+
 def _fid_panel(ax: plt.Axes, data: pd.DataFrame, arms: list[str]) -> None:
     _dots(ax, data, arms, FINAL_FID)
     samples = setting(data, arms, "config/fid_samples")
@@ -313,13 +335,14 @@ def _fid_panel(ax: plt.Axes, data: pd.DataFrame, arms: list[str]) -> None:
 def _figure(data: pd.DataFrame, arms: list[str], deep: list[str]) -> plt.Figure:
     """fid_lenet per arm (seeds, mean and CI, resampled sets) at each depth, beside the val
     loss curves (the deep arms dashed)."""
-    widths = [4, 2, 3] if deep else [4, 3]
-    fig, axes = plt.subplots(1, len(widths), figsize=(14 if deep else 12, 4.6),
+    widths = [4, 2, 3, 3] if deep else [4, 3, 3]
+    fig, axes = plt.subplots(1, len(widths), figsize=(18 if deep else 15, 4.6),
                              gridspec_kw={"width_ratios": widths})  # fmt: skip
     _fid_panel(axes[0], data, arms)
     if deep:
         _fid_panel(axes[1], data, deep)
-    _loss_curves(axes[-1], data, arms + deep)
+    _loss_curves(axes[-2], data, arms + deep)
+    _train_panel(axes[-1], data, arms + deep)
     steps = setting(data, arms + deep, "steps")
     fig.suptitle(f"DiT conditioning (DiT Table 4) on Fashion-MNIST: {steps} steps")
     fig.tight_layout()

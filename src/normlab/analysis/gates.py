@@ -35,6 +35,8 @@ from normlab.analysis.logs import Run
 TRAINED_MARGIN = 0.05  # "did not train": final val loss >= (1 - 5%) x the trivial loss
 MIN_SEEDS = 3  # a verdict reads at least this many seeds
 CONVERGED_GAIN = 0.02  # "still improving": the last 20% of steps improved the loss by >= 2%
+WINDOWS = ((0.7, 0.8), (0.9, 1.0))  # the converged gate's two windows, fractions of the steps
+TRAIN_LOSS = "gate/train_loss"  # the runs.csv metric of the train loss the gate reads
 WORDS = {"trained": "did not train", "converged": "still improving",
          "not saturated": "saturated"}  # fmt: skip
 RULES = {
@@ -100,7 +102,7 @@ def gate_rows(run: Run, arm: str, seed: int) -> list[tuple]:
     for key in ("train/loss_step", "train/loss"):
         curve = run.series(key)
         if len(curve):
-            rows += [(arm, seed, float(s), "gate/train_loss", float(v))
+            rows += [(arm, seed, float(s), TRAIN_LOSS, float(v))
                      for s, v in zip(curve["step"], curve[key], strict=True)]  # fmt: skip
             break
     val = run.series("val/loss")
@@ -117,8 +119,9 @@ def late_gain(curve: pd.Series) -> float:
     """Relative improvement of a loss curve (indexed by step) over its last 20% of steps: the
     mean over steps in (70%, 80%] of the last step against the mean over (90%, 100%]."""
     last = float(curve.index.max())
-    before = curve[(curve.index > 0.7 * last) & (curve.index <= 0.8 * last)]
-    end = curve[curve.index > 0.9 * last]
+    (b0, b1), (e0, e1) = WINDOWS
+    before = curve[(curve.index > b0 * last) & (curve.index <= b1 * last)]
+    end = curve[(curve.index > e0 * last) & (curve.index <= e1 * last)]
     if not len(before) or not len(end):
         return math.nan
     return (float(before.mean()) - float(end.mean())) / float(before.mean())
@@ -141,7 +144,7 @@ def trained(data: pd.DataFrame, arm: str) -> Gate:
 
 
 def converged(data: pd.DataFrame, arm: str) -> Gate:
-    curves = _seeds(data, arm, "gate/train_loss")
+    curves = _seeds(data, arm, TRAIN_LOSS)
     if curves.empty:
         return Gate(arm, "converged", None, "no train-loss curve in runs.csv")
     gains = curves.groupby("seed").apply(

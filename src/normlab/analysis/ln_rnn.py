@@ -183,7 +183,7 @@ def render(data: pd.DataFrame) -> Result:
     pilot."""
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
     _loss_panel(axes[0], data, VAL, "val")
-    _loss_panel(axes[1], data, "gate/train_loss", "train")
+    _loss_panel(axes[1], data, gates.TRAIN_LOSS, "train")
     _pilot_panel(axes[2], data)
     fig.suptitle("char-level LSTM on tiny Shakespeare: with and without LayerNorm", fontsize=10)
     fig.tight_layout()
