@@ -117,6 +117,24 @@ def test_converged_gate_reads_the_last_fifth_of_the_train_loss():
     assert gates.late_gain(curve) == pytest.approx((before - end) / before)
 
 
+def test_converged_gate_shows_the_noise_of_a_seeds_late_gain():
+    """A noisy loss (as a diffusion model's, one random timestep a batch): the windows' spread
+    gives the SE of the gain, shown beside it; a flat curve's is 0."""
+    noisy = [1.0 + (0.2 if i % 2 else -0.2) for i in range(100)]  # flat on average, +-20%
+    curve = pd.Series(noisy, index=[float(i) for i in range(100)])
+    before = [v for s, v in curve.items() if 0.7 * 99 < s <= 0.8 * 99]
+    end = [v for s, v in curve.items() if s > 0.9 * 99]
+    se = math.sqrt(np.var(before, ddof=1) / len(before) + np.var(end, ddof=1) / len(end))
+    assert gates.late_gain_se(curve) == pytest.approx(se / np.mean(before))
+    assert gates.late_gain_se(curve) > 0.05 > abs(gates.late_gain(curve))
+    assert math.isnan(gates.late_gain_se(pd.Series([1.0, 1.0], index=[0.0, 1.0])))  # too few
+    rows = [("a", 0, s, gates.TRAIN_LOSS, v) for s, v in curve.items()]
+    gate = gates.converged(_data(rows), "a")
+    assert f"(a seed's SE up to {gates.late_gain_se(curve):.1%})" in gate.measured
+    flat = gates.converged(_data(_rows("flat", 0, FLAT, 0.9, 2.3)), "flat")
+    assert "(a seed's SE up to 0.0%)" in flat.measured
+
+
 def test_not_saturated_gate_compares_each_value_with_its_ceiling():
     rows = [("a", 0, 6.0, "gate/value", 0.5), ("a", 0, 6.0, "gate/ceiling", 1.0),
             ("b", 0, 6.0, "gate/value", 1.0), ("b", 0, 6.0, "gate/ceiling", 1.0)]  # fmt: skip

@@ -303,7 +303,7 @@ def _loss_curves(ax: plt.Axes, data: pd.DataFrame, arms: list[str]) -> None:
 def _train_panel(ax: plt.Axes, data: pd.DataFrame, arms: list[str]) -> None:
     """The train loss the converged gate reads, mean over seeds (a running mean over the
     logged steps: one step's diffusion loss is noisy), with the gate's two windows shaded."""
-    last = 0.0
+    last, top = 0.0, 0.0
     for a in arms:
         curves = metric(data, a, gates.TRAIN_LOSS).pivot(index="x", columns="seed", values="value")
         if curves.empty:
@@ -312,6 +312,9 @@ def _train_panel(ax: plt.Axes, data: pd.DataFrame, arms: list[str]) -> None:
         ax.plot(mean.index, mean.values, color=_color(a), ls="--" if a.startswith(DEEP) else "-",
                 label=label(data, a))  # fmt: skip
         last = max(last, float(curves.index.max()))
+        top = max(top, float(mean[mean.index > 0.1 * mean.index.max()].max()))
+    if top:  # the first tenth of the steps (a loss ~8x the rest) would flatten the end
+        ax.set_ylim(top=1.1 * top)
     if not last:
         ax.text(0.5, 0.5, "no train loss in runs.csv\n(the runs predate the gates)",
                 ha="center", va="center", transform=ax.transAxes, fontsize=8)  # fmt: skip

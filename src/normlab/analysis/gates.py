@@ -127,6 +127,19 @@ def late_gain(curve: pd.Series) -> float:
     return (float(before.mean()) - float(end.mean())) / float(before.mean())
 
 
+def late_gain_se(curve: pd.Series) -> float:
+    """The standard error of `late_gain` from the spread of the logged losses within its two
+    windows (NaN with fewer than 2 in either): the noise a single seed's gain carries."""
+    last = float(curve.index.max())
+    (b0, b1), (e0, e1) = WINDOWS
+    before = curve[(curve.index > b0 * last) & (curve.index <= b1 * last)]
+    end = curve[(curve.index > e0 * last) & (curve.index <= e1 * last)]
+    if len(before) < 2 or len(end) < 2:
+        return math.nan
+    var = before.var() / len(before) + end.var() / len(end)
+    return math.sqrt(float(var)) / float(before.mean())
+
+
 def _seeds(data: pd.DataFrame, arm: str, metric: str) -> pd.DataFrame:
     return data[(data["arm"] == arm) & (data["metric"] == metric)]
 
@@ -152,10 +165,17 @@ def converged(data: pd.DataFrame, arm: str) -> Gate:
     )
     if gains.isna().any():
         return Gate(arm, "converged", None, "too few logged train losses for the rule")
+    noise = (
+        curves.groupby("seed")
+        .apply(lambda g: late_gain_se(g.set_index("x")["value"]), include_groups=False)
+        .max()
+    )
     still = int((gains >= CONVERGED_GAIN).sum())
+    # the noise is shown, not used: a reader sees where one seed's gain is within its noise
+    shown = "" if math.isnan(noise) else f" (a seed's SE up to {noise:.1%})"
     return Gate(arm, "converged", still == 0,
-                f"late gain {gains.min():+.1%} to {gains.max():+.1%}; {still} of {len(gains)} "
-                "seeds still improving")  # fmt: skip
+                f"late gain {gains.min():+.1%} to {gains.max():+.1%}{shown}; {still} of "
+                f"{len(gains)} seeds still improving")  # fmt: skip
 
 
 def not_saturated(data: pd.DataFrame, arm: str) -> Gate:
