@@ -94,6 +94,9 @@ def test_a_drop_in_that_did_not_train_is_invalid_not_a_gap():
         for seed in SEEDS:
             rows += [(arm, seed, math.nan, "gate/trivial_loss", unigram),
                      (arm, seed, 599.0, "gate/val_loss", final)]  # fmt: skip
+    for arm in (a for a in data["arm"].unique() if a.startswith("gpt/")):  # plateaued
+        rows += [(arm, seed, float(s), gates.TRAIN_LOSS, 2.0) for seed in SEEDS
+                 for s in range(0, 600, 10)]  # fmt: skip
     data = pd.concat([data, pd.DataFrame(rows, columns=data.columns)], ignore_index=True)
     result = d.render(data)
     decided = dict(zip((c.claim for c in result.claims),

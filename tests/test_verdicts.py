@@ -288,8 +288,22 @@ def test_an_any_claim_is_invalid_when_a_parts_arm_fails_its_gate():
 
     claim = report.AnyClaim("any", "p", {"a": part("a"), "b": part("b")}, source="paper")
     stuck = gates.Gate("b", "converged", False, "late gain 5%")
-    assert gates.decide([claim], [], 3, 12)[0].verdict == stats.HOLDS
-    assert gates.decide([claim], [stuck], 3, 12)[0].verdict == "invalid: b still improving"
+    ok = [gates.Gate(a, "converged", True, "late gain 0%") for a in "ab"]
+    assert gates.decide([claim], ok, 3, 12)[0].verdict == stats.HOLDS
+    assert gates.decide([claim], [ok[0], stuck], 3, 12)[0].verdict == "invalid: b still improving"
+
+
+def test_a_final_value_claim_needs_each_arms_convergence_shown_not_assumed():
+    final = report.Claim("c", "p", "q", [1.0, 1.1, 0.9], (0.5, stats.ABOVE), source="paper",
+                         arms=("a", "b"), final=True)  # fmt: skip
+    early = report.Claim("e", "p", "q", [1.0, 1.1, 0.9], (0.5, stats.ABOVE), source="paper",
+                         arms=("a", "b"))  # fmt: skip
+    shown = [gates.Gate("a", "converged", True, ""), gates.Gate("b", "converged", None, "")]
+    d_final, d_early = gates.decide([final, early], shown, 3, 12)
+    assert d_final.verdict == "invalid: b converged not measured" and math.isnan(d_final.p_value)
+    assert d_early.verdict == stats.HOLDS  # not a final value: convergence is not asked
+    both = gates.decide([final], [*shown[:1], gates.Gate("b", "converged", True, "")], 3, 12)
+    assert both[0].verdict == stats.HOLDS
 
 
 def test_a_verdict_reads_at_least_three_seeds():

@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from normlab.analysis import deepnorm_slope
+from normlab.analysis import deepnorm_slope, gates
 from normlab.analysis.curves import (
     DIVERGED_LOSS,
     VOCAB,
@@ -66,6 +66,8 @@ def extract(runs: list[Run]) -> pd.DataFrame:
             continue
         if not a.startswith("update/"):
             rows += val_loss_rows(run, a, seed)
+            if run.status in ("ok", "diverged"):  # what the trained and converged gates read
+                rows += gates.gate_rows(run, a, seed)
             continue
         if run.status not in ("ok", "diverged"):
             continue
@@ -327,6 +329,7 @@ def render(data: pd.DataFrame) -> Result:
         claims += deepnorm_slope.claims(data)
         notes[-1:-1] = deepnorm_slope.notes(data)  # before the note on scale
         found = deepnorm_slope.found_gates(data)
+    found += gates.gates(data, sorted(a for a in data["arm"].unique() if LOSS_ARM.match(a)))
     fig.suptitle("Depth: Post-LN vs DeepNorm, char-level GPT (d_model 64; DeepNet)")
     fig.tight_layout()
     return Result(fig, claims, notes, gates=found)

@@ -217,7 +217,17 @@ def _failed(claim, found: list[Gate]) -> list[Gate]:
     if hasattr(claim, "parts"):  # any of k parts: read only if every part's arms pass
         return list(dict.fromkeys(g for part in claim.parts.values() for g in _failed(part, found)))
     wanted = {"trained", "not saturated"} | ({"converged"} if claim.final else set())
-    return [g for g in found if g.arm in claim.arms and g.gate in wanted and g.passed is False]
+    failed = [g for g in found if g.arm in claim.arms and g.gate in wanted and g.passed is False]
+    if claim.final:  # final values compared: each arm must be shown converged, not assumed
+        shown = {g.arm for g in found if g.gate == "converged" and g.passed is not None}
+        failed += [Gate(a, "converged", None, "not measured") for a in claim.arms
+                   if a not in shown]  # fmt: skip
+    return failed
+
+
+def _word(gate: Gate) -> str:
+    """What a gate that keeps a claim from being read says of its arm."""
+    return WORDS[gate.gate] if gate.passed is False else f"{gate.gate} not measured"
 
 
 def _values(claim) -> tuple[list[float], tuple[float, float], bool] | None:
@@ -263,7 +273,7 @@ def decide(claims: list, found: list[Gate], initial: int, cap: int) -> list[Deci
     rejected = stats.holm(ps)
     out = []
     for claim, fail, p, rej in zip(claims, failed, ps, rejected, strict=True):
-        gate_text = "; ".join(f"{g.arm} {WORDS[g.gate]}" for g in fail)
+        gate_text = "; ".join(f"{g.arm} {_word(g)}" for g in fail)
         picked = _values(claim)
         planned = (None if picked is None else
                    stats.seeds_needed(picked[0][:initial], picked[1], picked[2]))  # fmt: skip

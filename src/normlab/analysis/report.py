@@ -394,7 +394,9 @@ def gates_table(found: list[gates.Gate]) -> str:
     lines += [f"- *{name}*: {rule}." for name, rule in gates.RULES.items()]
     lines += [
         "- A claim reading an arm that fails its trained (or, comparing final values, "
-        "converged; or not-saturated) gate is `invalid`: its number is shown, not read.",
+        "converged; or not-saturated) gate is `invalid`: its number is shown, not read. A claim "
+        "comparing final values is also `invalid` where an arm's converged gate was not "
+        "measured: convergence is shown, not assumed.",
         "",
     ]
     return "\n".join(lines)

@@ -22,6 +22,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from normlab.analysis import gates
 from normlab.analysis.curves import final_loss, metric, paired, val_loss_rows
 from normlab.analysis.logs import Run
 from normlab.analysis.report import Claim, IntervalClaim, Result, markdown_table
@@ -77,6 +78,8 @@ def extract(runs: list[Run]) -> pd.DataFrame:
         a, seed = run.arm, int(run.get("seed"))
         if not a.startswith("speed/"):
             rows += val_loss_rows(run, a, seed)
+            if run.status in ("ok", "diverged"):  # what the trained and converged gates read
+                rows += gates.gate_rows(run, a, seed)
             continue
         if run.status != "ok":
             continue
@@ -513,7 +516,8 @@ def render_shares(data: pd.DataFrame) -> Result:
     fig.tight_layout()
     claims = [c for a in arms if a[1] != BASELINE for c in _model_claims(a, numbers[a])]
     notes = _share_notes(data, arms) + _notes(data, [], steps)[-1:]
-    return Result(fig, claims + _quality_claims(data, steps), notes,
+    quality = sorted(a for a in data["arm"].unique() if a.startswith("quality/"))
+    return Result(fig, claims + _quality_claims(data, steps), notes, gates.gates(data, quality),
                   sections={"Norm share": share_table(numbers)})  # fmt: skip
 
 
