@@ -206,7 +206,9 @@ def _loss_claim(data: pd.DataFrame, depth: int) -> Claim:
         paired(final_loss(data, f"post/d{depth}"), final_loss(data, f"deepnorm/d{depth}")),
         (0.0, ABOVE),
         source="paper",
-        arms=(f"post/d{depth}", f"deepnorm/d{depth}"),
+        # the gates of DeepNorm's arm only: Post-LN failing to train is the paper's claim itself,
+        # not a defect of the run
+        arms=(f"deepnorm/d{depth}",),
         final=True,
     )
 
