@@ -483,6 +483,26 @@ def test_ln_placement_warmup_gap_with_a_diverged_run_and_the_best_lrs(tmp_path: 
     plt.close(result.figure)
 
 
+def test_ln_placement_claims_no_gap_over_fewer_than_three_seeds_that_trained_in_both():
+    # gate rows (these runs' trivial loss: ln 10 = 2.303): a final val loss of 2.30 did not train
+    final = {  # (lr, warmup) -> Post-LN's final val loss per seed
+        ("5e-4", 0): [1.60, 1.62, 1.61, 1.63], ("5e-4", 100): [1.50, 1.51, 1.52, 1.50],
+        ("1e-3", 0): [2.30, 2.30, 2.30, 1.60], ("1e-3", 100): [1.50, 2.30, 1.50, 1.50],
+    }  # fmt: skip
+    runs = [_lm_run("post", lr, w, seed, v) for (lr, w), values in final.items()
+            for seed, v in enumerate(values)]  # fmt: skip
+    result = ln_placement.render(ln_placement.extract(runs))
+    names = [c.claim for c in result.claims]
+    assert "Post-LN at lr 0.0005, seeds that trained in both" in " ".join(names)  # 4 of 4
+    assert not any(n.startswith("Post-LN at lr 0.001, seeds that trained") for n in names)
+    count = next(c for c in result.claims if c.claim.startswith("Post-LN at lr 0.001: without"))
+    assert count.counts == (3, 4, 1, 4)  # still tested: 3 of 4 failed without warmup, 1 with
+    assert any("lr 0.001 (1 of 4: seed 3)" in note for note in result.notes)
+    some = next(c for c in result.claims if "at some lr" in c.claim)
+    assert "lr 0.001" not in some.rule
+    plt.close(result.figure)
+
+
 def _update_run(placement: str, depth: int, warmup: int, seed: int, first: float) -> Run:
     """An update job: update_norm `first` after step 1, then growing 10% a step for 49 steps."""
     overrides = {"experiment": "deepnorm_update", "placement": placement,

@@ -262,8 +262,10 @@ def _warmup_claims(data: pd.DataFrame, lrs: list[float], warm: int) -> list:
             claims.append(per_lr[f"lr {lr:g}"])
             continue
         count, gap = _count_claims(data, lr, warm)
-        per_lr[f"lr {lr:g}"] = gap
-        claims += [count, gap]
+        claims.append(count)
+        if len(_trained_pair(data, lr, warm)[1]) >= gates.MIN_SEEDS:  # else a note says so
+            per_lr[f"lr {lr:g}"] = gap
+            claims.append(gap)
     claims.append(
         AnyClaim(
             "Post-LN needs warmup at some lr (its val loss gap)",
@@ -408,10 +410,30 @@ def render(data: pd.DataFrame) -> Result:
                  "and warmup (GPT) (Xiong et al. 2020)")  # fmt: skip
     fig.tight_layout()
     claims = _grad_claims(data) + _warmup_claims(data, lrs, warm)
-    return Result(fig, claims, _notes(data, lrs), gates=_gates(data, lrs, warm))
+    return Result(fig, claims, _notes(data, lrs, warm), gates=_gates(data, lrs, warm))
 
 
-def _notes(data: pd.DataFrame, lrs: list[float]) -> list[str]:
+def _few_trained(data: pd.DataFrame, lrs: list[float], warm: int) -> str:
+    """The lrs whose Post-LN pair has fewer than gates.MIN_SEEDS seeds that trained in both
+    arms: no gap is claimed there (only the count of failed seeds)."""
+    few = []
+    for lr in lrs:
+        if _counted(data, lr, warm):
+            seeds = _trained_pair(data, lr, warm)[1]
+            if len(seeds) < gates.MIN_SEEDS:
+                total = len(_stuck(data, _arm("post", lr, 0)))
+                names = ", ".join(map(str, seeds)) or "none"
+                few.append(f"lr {lr:g} ({len(seeds)} of {total}: seed {names})")
+    if not few:
+        return ""
+    return (
+        f"No gap among the seeds that trained in both Post-LN arms is claimed where fewer than "
+        f"{gates.MIN_SEEDS} did: " + "; ".join(few) + ". Only the count of seeds that did not "
+        "train is tested there."
+    )
+
+
+def _notes(data: pd.DataFrame, lrs: list[float], warm: int) -> list[str]:
     """How the quantities were measured and encoded, with the numbers they depend on."""
     pre = {title: slopes(grad_norms(data, arms["pre"], name))
            for title, arms, name in grad_panels(data)}  # fmt: skip
@@ -446,4 +468,5 @@ def _notes(data: pd.DataFrame, lrs: list[float]) -> list[str]:
         "mean over the same seeds the comparison then uses; both sides are chosen that way.",
         f"'Post-LN needs warmup at some lr' tests {len(lrs)} learning rates without a "
         "multiplicity correction: read it with the per-lr rows.",
+        *filter(None, [_few_trained(data, lrs, warm)]),
     ]
