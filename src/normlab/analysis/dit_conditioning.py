@@ -201,12 +201,15 @@ def per_seed(data: pd.DataFrame, a: str, name: str) -> pd.Series:
     return metric(data, a, name).set_index("seed")["value"].sort_index()
 
 
-def _gaps(data: pd.DataFrame, better: str, worse: list[str], name: str) -> list[float]:
-    """Per seed: the smallest of (worse arm's value - better arm's), over the seeds all share."""
+def _by_seed(data: pd.DataFrame, better: str, worse: list[str], name: str) -> pd.Series:
+    """{seed: the smallest of (worse arm's value - better arm's)}, over the seeds all share."""
     table = pd.concat([per_seed(data, a, name) for a in (better, *worse)], axis=1).dropna()
-    if table.empty:
-        return []
-    return list(table.iloc[:, 1:].min(axis=1) - table.iloc[:, 0])
+    return table.iloc[:, 1:].min(axis=1) - table.iloc[:, 0]
+
+
+def _gaps(data: pd.DataFrame, better: str, worse: list[str], name: str) -> list[float]:
+    """Per seed, in seed order: `_by_seed`'s gaps."""
+    return list(_by_seed(data, better, worse, name))
 
 
 def _rank_claims(data: pd.DataFrame) -> list[Claim]:
@@ -357,8 +360,8 @@ def _deep_claims(data: pd.DataFrame) -> list[Claim]:
     adaLN-Zero's gain over adaLN grows from the 4-block pair to the deep one (ours)."""
     deep = tuple(DEEP + c for c in PAIR)
     depth, shallow = setting(data, list(deep), DEPTH), setting(data, list(PAIR), DEPTH)
-    gain = {d: pd.Series(dict(zip(*_paired(data, pair), strict=True)))
-            for d, pair in ((shallow, PAIR), (depth, deep))}  # fmt: skip
+    gain = {d: _by_seed(data, better, [worse], FINAL_FID)
+            for d, (better, worse) in ((shallow, PAIR), (depth, deep))}  # fmt: skip
     both = pd.concat(gain.values(), axis=1).dropna()
     eps = {setting(data, [a], "config/norm_eps") for a in (*PAIR, *deep)}  # '?': not recorded
     apart = ""
@@ -409,12 +412,6 @@ def _deep_claims(data: pd.DataFrame) -> list[Claim]:
             precluded=apart,
         ),
     ]
-
-
-def _paired(data: pd.DataFrame, pair: tuple[str, str]) -> tuple[list[int], list[float]]:
-    """Per seed both arms of the pair ran: the seed and the second's fid_lenet minus the first's."""
-    table = pd.concat([per_seed(data, a, FINAL_FID) for a in pair], axis=1).dropna()
-    return list(table.index), list(table.iloc[:, 1] - table.iloc[:, 0])
 
 
 def render(data: pd.DataFrame) -> Result:

@@ -115,13 +115,17 @@ def gate_rows(run: Run, arm: str, seed: int) -> list[tuple]:
 # ----- the gates, from runs.csv ----------------------------------------------------------------
 
 
+def _windows(curve: pd.Series) -> tuple[pd.Series, pd.Series]:
+    """A loss curve's (indexed by step) logged losses in the gate's two WINDOWS: steps in
+    (70%, 80%] of the last step, and in (90%, 100%]."""
+    last = float(curve.index.max())
+    return tuple(curve[(curve.index > a * last) & (curve.index <= b * last)] for a, b in WINDOWS)
+
+
 def late_gain(curve: pd.Series) -> float:
     """Relative improvement of a loss curve (indexed by step) over its last 20% of steps: the
-    mean over steps in (70%, 80%] of the last step against the mean over (90%, 100%]."""
-    last = float(curve.index.max())
-    (b0, b1), (e0, e1) = WINDOWS
-    before = curve[(curve.index > b0 * last) & (curve.index <= b1 * last)]
-    end = curve[(curve.index > e0 * last) & (curve.index <= e1 * last)]
+    mean over its first window against the mean over its last."""
+    before, end = _windows(curve)
     if not len(before) or not len(end):
         return math.nan
     return (float(before.mean()) - float(end.mean())) / float(before.mean())
@@ -130,10 +134,7 @@ def late_gain(curve: pd.Series) -> float:
 def late_gain_se(curve: pd.Series) -> float:
     """The standard error of `late_gain` from the spread of the logged losses within its two
     windows (NaN with fewer than 2 in either): the noise a single seed's gain carries."""
-    last = float(curve.index.max())
-    (b0, b1), (e0, e1) = WINDOWS
-    before = curve[(curve.index > b0 * last) & (curve.index <= b1 * last)]
-    end = curve[(curve.index > e0 * last) & (curve.index <= e1 * last)]
+    before, end = _windows(curve)
     if len(before) < 2 or len(end) < 2:
         return math.nan
     var = before.var() / len(before) + end.var() / len(end)

@@ -21,6 +21,12 @@ from normlab.analysis import gates, stats  # noqa: E402
 from normlab.tables import cell, markdown_table  # noqa: E402, F401 (cell: report.cell)
 
 
+def _verdict(claim: Claim | IntervalClaim) -> str:
+    """A claim's verdict: its `precluded` text where set (shown, not tested), else its interval
+    read against its region."""
+    return claim.precluded or stats.verdict(claim.interval, claim.region, claim.undecided)
+
+
 @dataclass
 class Claim:
     """A claim tested on a per-seed quantity: its mean, 95% CI over seeds, rule and verdict."""
@@ -50,9 +56,7 @@ class Claim:
 
     @property
     def verdict(self) -> str:
-        if self.precluded:
-            return self.precluded
-        return stats.verdict(self.interval, self.region, self.undecided)
+        return _verdict(self)
 
     @property
     def rule(self) -> str:
@@ -96,9 +100,7 @@ class IntervalClaim:
 
     @property
     def verdict(self) -> str:
-        if self.precluded:
-            return self.precluded
-        return stats.verdict(self.interval, self.region, self.undecided)
+        return _verdict(self)
 
     @property
     def rule(self) -> str:
