@@ -1,6 +1,6 @@
 """Reproduce the papers' comparison plots from run logs.
 
-    python scripts/reproduce.py NAME [--seeds N] [--quick] [--jobs N] [--root DIR]
+    python scripts/reproduce.py NAME [--seeds N] [--quick] [--jobs N] [--threads N] [--root DIR]
     python scripts/reproduce.py NAME --decide      # declared initial seeds, then those the
                                                    # undecided claims plan for (up to the cap)
     python scripts/reproduce.py NAME --redraw      # from the committed runs.csv, no training
@@ -203,6 +203,7 @@ def reproduce(
     norm: str | None = None,
     plugin: str | None = None,
     collect: bool = False,
+    threads: int | None = None,
 ) -> Path:
     """Run one NAME's sweeps (reusing finished jobs) and write its figure, data and md. With
     `grids`, only those grids run and their arms' rows replace the same arms' rows in the
@@ -222,7 +223,7 @@ def reproduce(
     if took:
         print(f"{name}: {took}; finished jobs are reused", flush=True)
     # --collect: the finished jobs as they are (each keeps its own code version in jobs.csv)
-    seconds = 0.0 if collect else sweep.run(repro, quick, root, jobs, seeds)
+    seconds = 0.0 if collect else sweep.run(repro, quick, root, jobs, seeds, threads=threads)
     runs = sweep.runs(repro, quick, root, seeds)
     if not runs:
         raise SystemExit(f"{name}: no jobs in {sweep.sweep_dir(root, name, quick)}")
@@ -255,19 +256,20 @@ def seeds_to_decide(claims_csv: Path, cap: int) -> int | None:
 QUICK_CAP = 3  # --decide --quick: a smoke test of the plan, one seed past the quick ones
 
 
-def decide(name: str, quick: bool, jobs: int, root: Path, grids: list[str] | None) -> Path:
+def decide(name: str, quick: bool, jobs: int, root: Path, grids: list[str] | None,
+           threads: int | None = None) -> Path:  # fmt: skip
     """Seeds to a decision: the reproduction at its initial seeds, then, once, at the seeds its
     undecided claims plan for (up to the declared cap), the jobs already run reused."""
     repro = REPRODUCTIONS[name]
     initial = default_seeds(quick, name)
     cap = QUICK_CAP if quick else repro.seed_cap
-    md = reproduce(name, quick, jobs, root, initial, grids)
+    md = reproduce(name, quick, jobs, root, initial, grids, threads=threads)
     planned = seeds_to_decide(md.with_suffix(".claims.csv"), cap)
     if planned is None or planned <= initial:
         print(f"{name}: no undecided claim plans more than {initial} seeds")
         return md
     print(f"{name}: undecided claims plan {planned} seeds (cap {cap}); running them")
-    return reproduce(name, quick, jobs, root, planned, grids)
+    return reproduce(name, quick, jobs, root, planned, grids, threads=threads)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -275,6 +277,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("name", nargs="?", help=f"one of {list(REPRODUCTIONS)} or 'all'")
     parser.add_argument("--quick", action="store_true", help="tiny budget (about a minute each)")
     parser.add_argument("--jobs", type=int, default=1, help="parallel jobs (joblib launcher)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads per job (default: the cores shared out between the --jobs; 1 runs "
+        "two reproductions side by side)",
+    )
     parser.add_argument("--root", type=Path, default=REPO, help="where outputs/ goes")
     parser.add_argument("--list", action="store_true", help="print names and budgets")
     parser.add_argument(
@@ -315,6 +324,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.readme:
         print(f"wrote {update_readme(args.root.resolve())}")
         return
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be >= 1, got {args.threads}")
     if args.seeds is not None and args.seeds < 1:
         parser.error(f"--seeds must be >= 1, got {args.seeds}")
     if args.name not in (*REPRODUCTIONS, "all"):
@@ -351,10 +362,10 @@ def _run(args: argparse.Namespace, names: list[str], grids: list[str] | None,
                 paths = redraw(name, args.quick, args.root.resolve(), args.norm)
                 print(f"{name}: redrew {paths['md']} from {paths['runs']}")
             elif args.decide:
-                decide(name, args.quick, args.jobs, args.root.resolve(), grids)
+                decide(name, args.quick, args.jobs, args.root.resolve(), grids, args.threads)
             else:
                 reproduce(name, args.quick, args.jobs, args.root.resolve(), args.seeds, grids,
-                          args.norm, args.plugin, args.collect)  # fmt: skip
+                          args.norm, args.plugin, args.collect, args.threads)  # fmt: skip
         except (SystemExit, RuntimeError) as err:
             if args.name != "all" or interrupt.requested:
                 raise

@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from normlab.analysis import sweep
 from normlab.analysis.reproductions import REPRODUCTIONS
 from normlab.analysis.sweep import Budget, Grid, Reproduction
 
@@ -51,6 +52,16 @@ def test_list_names_every_reproduction_with_both_budgets():
 def test_unknown_name_fails_with_the_valid_ones(tmp_path: Path):
     done = reproduce("bn_lenett", root=tmp_path)
     assert done.returncode != 0 and "bn_lenet" in done.stderr and "gn_batch_size" in done.stderr
+
+
+def test_threads_per_job_share_the_cores_unless_given(tmp_path: Path):
+    cores = os.cpu_count() or 1
+    assert sweep.job_threads(1) == cores and sweep.job_threads(2) == max(1, cores // 2)
+    assert sweep.job_threads(cores * 4) == 1  # never 0
+    assert sweep.job_threads(2, threads=1) == 1 and sweep.job_threads(1, threads=3) == 3
+    done = reproduce("bn_lenet", "--threads", "0", root=tmp_path)
+    assert done.returncode == 2 and "--threads must be >= 1, got 0" in done.stderr
+    assert not (tmp_path / "outputs").exists()  # refused before any work
 
 
 @pytest.mark.parametrize(

@@ -200,9 +200,10 @@ def figures_dir(root: Path, quick: bool) -> Path:
     return base / "quick" if quick else base
 
 
-def job_threads(jobs: int) -> int:
-    """Torch threads per job: the cores shared out between the parallel jobs."""
-    return max(1, (os.cpu_count() or 1) // jobs)
+def job_threads(jobs: int, threads: int | None = None) -> int:
+    """Torch threads per job: `threads` where given (e.g. 1, to run two reproductions side by
+    side), else the cores shared out between the parallel jobs."""
+    return threads or max(1, (os.cpu_count() or 1) // jobs)
 
 
 def command(
@@ -232,7 +233,13 @@ def _is_sweep(value: str) -> bool:
 
 
 def run(
-    repro: Reproduction, quick: bool, root: Path, jobs: int, seeds: int | None = None, log=print
+    repro: Reproduction,
+    quick: bool,
+    root: Path,
+    jobs: int,
+    seeds: int | None = None,
+    log=print,
+    threads: int | None = None,
 ) -> float:
     """Run (or complete) every grid's sweep; return the wall time in seconds. A sweep in which
     some jobs failed or diverged (exit code EXIT_JOBS_FAILED) still counts: its summary has
@@ -240,8 +247,8 @@ def run(
     jobs = max(1, min(jobs, repro.max_jobs or jobs))
     # Threads through the environment, not an override: a job's overrides are its identity in
     # summary.csv, and the same job run with another --jobs must still count as done.
-    threads = str(job_threads(jobs))
-    env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+    each = str(job_threads(jobs, threads))
+    env = dict(os.environ, OMP_NUM_THREADS=each, MKL_NUM_THREADS=each)
     if repro.prepare is not None:
         repro.prepare(REPO)
     start = time.time()
