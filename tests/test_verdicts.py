@@ -177,6 +177,7 @@ def test_a_failed_gate_makes_the_claims_that_read_the_arm_invalid():
     assert d[1].verdict == stats.HOLDS  # converged matters only where final values compare
     assert d[2].verdict == "invalid: b still improving" and math.isnan(d[2].p_value)
     assert d[3].verdict == stats.HOLDS and d[3].gates == "pass"
+    assert [x.tested for x in d] == [False, True, False, True]  # the family line counts these
 
 
 def test_the_figure_says_which_arms_failed_and_the_verdicts_by_source():

@@ -212,6 +212,7 @@ class Decision:
     planned_n: int | None
     p_value: float
     gates: str
+    tested: bool = True  # False where its gates or `precluded` keep it from being read
 
 
 def _failed(claim, found: list[Gate]) -> list[Gate]:
@@ -283,9 +284,10 @@ def decide(claims: list, found: list[Gate], initial: int, cap: int) -> list[Deci
             verdict = holm = f"undecided ({len(picked[0])} seeds, fewer than {MIN_SEEDS})"
             out.append(Decision(verdict, holm, planned, p, gate_text or "pass"))
             continue
+        tested = not fail and not getattr(claim, "precluded", "")
         if fail:
             verdict = holm = f"invalid: {gate_text}"
-        elif getattr(claim, "precluded", ""):  # unreachable by construction: shown, not tested
+        elif not tested:  # precluded (e.g. unreachable by construction): shown, not tested
             verdict = holm = claim.precluded
         elif math.isnan(p):
             holm = "n/a (interval not from seeds)" if picked is None else verdict
@@ -293,5 +295,5 @@ def decide(claims: list, found: list[Gate], initial: int, cap: int) -> list[Deci
             holm = _side(claim) if rej else stats.UNDECIDED
         if not fail and verdict.startswith("undecided") and planned and planned > cap:
             verdict = f"{verdict}; needs ~{planned} seeds (cap {cap})"
-        out.append(Decision(verdict, holm, planned, p, gate_text or "pass"))
+        out.append(Decision(verdict, holm, planned, p, gate_text or "pass", tested))
     return out

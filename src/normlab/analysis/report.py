@@ -407,12 +407,8 @@ def gates_table(found: list[gates.Gate]) -> str:
 def claims_table(claims: list, decisions: list[gates.Decision], initial: int, cap: int) -> str:
     """The claims as a markdown table (provenance, mean and 95% CI over seeds, seeds run and
     planned, verdict, verdict under Holm), their rules and how their intervals were computed."""
-    shown = [
-        d.verdict.startswith("invalid") or d.verdict == getattr(c, "precluded", None)
-        for c, d in zip(claims, decisions, strict=True)
-    ]  # not tested: invalid or precluded
     precluded = sum(bool(getattr(c, "precluded", "")) for c in claims)
-    tested = len(claims) - sum(shown)
+    tested = sum(d.tested for d in decisions)
     others = "invalid by their gates" + (" or precluded (its verdict says why)"
                                          if precluded else "")  # fmt: skip
     columns = ["claim (as tested here)", "source", "paper", "ours: mean [95% CI]",
