@@ -162,6 +162,9 @@ def test_gate_rows_come_from_a_jobs_logs(tmp_path: Path):
     assert rows[rows.metric == "gate/trivial_loss"]["value"].item() == pytest.approx(math.log(10))
     assert rows[rows.metric == "gate/train_loss"]["value"].tolist() == [2.0, 1.0]
     assert rows[rows.metric == "gate/val_loss"]["value"].item() == 1.2
+    diverged = Run({"seed": "0"}, "diverged", tmp_path, metrics=metrics)
+    assert len(gates.gate_rows(diverged, "a", 0)) == len(rows)  # a diverged job is read too
+    assert gates.gate_rows(Run({"seed": "0"}, "failed", tmp_path, metrics=metrics), "a", 0) == []
 
 
 # ----- the decision ----------------------------------------------------------------------------

@@ -65,9 +65,7 @@ def extract(runs: list[Run]) -> pd.DataFrame:
             rows += deepnorm_slope.rows(run, seed) if run.status in ("ok", "diverged") else []
             continue
         if not a.startswith("update/"):
-            rows += val_loss_rows(run, a, seed)
-            if run.status in ("ok", "diverged"):  # what the trained and converged gates read
-                rows += gates.gate_rows(run, a, seed)
+            rows += val_loss_rows(run, a, seed) + gates.gate_rows(run, a, seed)
             continue
         if run.status not in ("ok", "diverged"):
             continue

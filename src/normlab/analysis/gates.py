@@ -97,7 +97,10 @@ def trivial_loss(run: Run) -> float:
 
 
 def gate_rows(run: Run, arm: str, seed: int) -> list[tuple]:
-    """The rows the trained and converged gates read, from one job's metrics.csv."""
+    """The rows the trained and converged gates read, from one job's metrics.csv; none for a
+    job that neither finished nor diverged (as `curves.val_loss_rows`)."""
+    if run.status not in ("ok", "diverged"):
+        return []
     rows = [(arm, seed, math.nan, "gate/trivial_loss", trivial_loss(run))]
     for key in ("train/loss_step", "train/loss"):
         curve = run.series(key)
@@ -284,11 +287,12 @@ def decide(claims: list, found: list[Gate], initial: int, cap: int) -> list[Deci
             verdict = holm = f"undecided ({len(picked[0])} seeds, fewer than {MIN_SEEDS})"
             out.append(Decision(verdict, holm, planned, p, gate_text or "pass"))
             continue
-        tested = not fail and not getattr(claim, "precluded", "")
+        precluded = getattr(claim, "precluded", "")
+        tested = not fail and not precluded
         if fail:
             verdict = holm = f"invalid: {gate_text}"
-        elif not tested:  # precluded (e.g. unreachable by construction): shown, not tested
-            verdict = holm = claim.precluded
+        elif precluded:  # e.g. unreachable by construction: shown, not tested
+            verdict = holm = precluded
         elif math.isnan(p):
             holm = "n/a (interval not from seeds)" if picked is None else verdict
         else:

@@ -87,9 +87,7 @@ def extract(runs: list[Run]) -> pd.DataFrame:
                          for name, grads in grad_at_init(run).items()
                          for i, g in enumerate(grads)]  # fmt: skip
             continue
-        rows += val_loss_rows(run, a, seed)
-        if run.status in ("ok", "diverged"):
-            rows += gates.gate_rows(run, a, seed)
+        rows += val_loss_rows(run, a, seed) + gates.gate_rows(run, a, seed)
     return pd.DataFrame(rows, columns=["arm", "seed", "x", "metric", "value"])
 
 
@@ -201,9 +199,9 @@ def _trained_pair(data: pd.DataFrame, lr: float, warm: int) -> tuple[pd.DataFram
     return rows.assign(arm=rows["arm"] + TRAINED), seeds
 
 
-def _count_claims(data: pd.DataFrame, lr: float, warm: int) -> tuple[CountClaim, Claim]:
-    """At one lr: how often Post-LN did not train without warmup against with it (Fisher), and
-    the paired gap among the seeds that trained in both."""
+def _count_claims(data: pd.DataFrame, lr: float, warm: int) -> tuple[CountClaim, Claim, list[int]]:
+    """At one lr: how often Post-LN did not train without warmup against with it (Fisher), the
+    paired gap among the seeds that trained in both, and those seeds."""
     a, b = _arm("post", lr, 0), _arm("post", lr, warm)
     stuck_a, stuck_b = _stuck(data, a), _stuck(data, b)
     rows, seeds = _trained_pair(data, lr, warm)
@@ -230,7 +228,7 @@ def _count_claims(data: pd.DataFrame, lr: float, warm: int) -> tuple[CountClaim,
         arms=(a + TRAINED, b + TRAINED),
         final=True,
     )  # fmt: skip
-    return count, gap
+    return count, gap, seeds
 
 
 def _gap_claim(data: pd.DataFrame, lr: float, warm: int) -> Claim:
@@ -250,22 +248,27 @@ def _gap_claim(data: pd.DataFrame, lr: float, warm: int) -> Claim:
     )  # fmt: skip
 
 
-def _warmup_claims(data: pd.DataFrame, lrs: list[float], warm: int) -> list:
+def _warmup_claims(data: pd.DataFrame, lrs: list[float], warm: int) -> tuple[list, list[str]]:
     """Post-LN needs warmup per lr (failed seeds by Fisher's test and the gap among trained
     seeds where the runs have gate rows, the gap over all seeds where not) and at some lr; Pre-LN
-    without it reaches Post-LN with it."""
+    without it reaches Post-LN with it. Also the lrs whose gap is left out, as fewer than
+    gates.MIN_SEEDS seeds trained in both arms there (only the count is tested)."""
     per_lr: dict[str, Claim] = {}
     claims: list = []
+    left_out: list[str] = []
     for lr in lrs:
         if not _counted(data, lr, warm):
             per_lr[f"lr {lr:g}"] = _gap_claim(data, lr, warm)
             claims.append(per_lr[f"lr {lr:g}"])
             continue
-        count, gap = _count_claims(data, lr, warm)
+        count, gap, seeds = _count_claims(data, lr, warm)
         claims.append(count)
-        if len(_trained_pair(data, lr, warm)[1]) >= gates.MIN_SEEDS:  # else a note says so
-            per_lr[f"lr {lr:g}"] = gap
-            claims.append(gap)
+        if len(seeds) < gates.MIN_SEEDS:  # a note says so
+            names = ", ".join(map(str, seeds)) or "none"
+            left_out.append(f"lr {lr:g} ({len(seeds)} of {count.counts[1]}: seed {names})")
+            continue
+        per_lr[f"lr {lr:g}"] = gap
+        claims.append(gap)
     claims.append(
         AnyClaim(
             "Post-LN needs warmup at some lr (its val loss gap)",
@@ -298,7 +301,7 @@ def _warmup_claims(data: pd.DataFrame, lrs: list[float], warm: int) -> list:
             final=True,
         )
     )
-    return claims
+    return claims, left_out
 
 
 def _band(ax: plt.Axes, table: pd.DataFrame, color: str, label: str) -> None:
@@ -409,34 +412,23 @@ def render(data: pd.DataFrame) -> Result:
     fig.suptitle("LayerNorm placement: gradients at init (char-level GPT, 6-6 encoder-decoder) "
                  "and warmup (GPT) (Xiong et al. 2020)")  # fmt: skip
     fig.tight_layout()
-    claims = _grad_claims(data) + _warmup_claims(data, lrs, warm)
-    return Result(fig, claims, _notes(data, lrs, warm), gates=_gates(data, lrs, warm))
+    warmup, left_out = _warmup_claims(data, lrs, warm)
+    claims = _grad_claims(data) + warmup
+    return Result(fig, claims, _notes(data, lrs, left_out), gates=_gates(data, lrs, warm))
 
 
-def _few_trained(data: pd.DataFrame, lrs: list[float], warm: int) -> str:
-    """The lrs whose Post-LN pair has fewer than gates.MIN_SEEDS seeds that trained in both
-    arms: no gap is claimed there (only the count of failed seeds)."""
-    few = []
-    for lr in lrs:
-        if _counted(data, lr, warm):
-            seeds = _trained_pair(data, lr, warm)[1]
-            if len(seeds) < gates.MIN_SEEDS:
-                total = len(_stuck(data, _arm("post", lr, 0)))
-                names = ", ".join(map(str, seeds)) or "none"
-                few.append(f"lr {lr:g} ({len(seeds)} of {total}: seed {names})")
-    if not few:
-        return ""
-    return (
-        f"No gap among the seeds that trained in both Post-LN arms is claimed where fewer than "
-        f"{gates.MIN_SEEDS} did: " + "; ".join(few) + ". Only the count of seeds that did not "
-        "train is tested there."
-    )
-
-
-def _notes(data: pd.DataFrame, lrs: list[float], warm: int) -> list[str]:
-    """How the quantities were measured and encoded, with the numbers they depend on."""
+def _notes(data: pd.DataFrame, lrs: list[float], left_out: list[str]) -> list[str]:
+    """How the quantities were measured and encoded, with the numbers they depend on; the lrs
+    whose gap among the seeds that trained in both was left out (`_warmup_claims`)."""
     pre = {title: slopes(grad_norms(data, arms["pre"], name))
            for title, arms, name in grad_panels(data)}  # fmt: skip
+    left = []
+    if left_out:
+        left.append(
+            f"No gap among the seeds that trained in both Post-LN arms is claimed where fewer "
+            f"than {gates.MIN_SEEDS} did: {'; '.join(left_out)}. Only the count of seeds that did "
+            "not train is tested there."
+        )
     return [
         "Gradients at init (grids `init`, `init_unit`: experiment=ln_placement_init; `encdec`: "
         "experiment=ln_placement_encdec): no optimizer step; at fit start forward and backward "
@@ -468,5 +460,5 @@ def _notes(data: pd.DataFrame, lrs: list[float], warm: int) -> list[str]:
         "mean over the same seeds the comparison then uses; both sides are chosen that way.",
         f"'Post-LN needs warmup at some lr' tests {len(lrs)} learning rates without a "
         "multiplicity correction: read it with the per-lr rows.",
-        *filter(None, [_few_trained(data, lrs, warm)]),
+        *left,
     ]

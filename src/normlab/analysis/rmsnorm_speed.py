@@ -77,9 +77,7 @@ def extract(runs: list[Run]) -> pd.DataFrame:
     for run in runs:
         a, seed = run.arm, int(run.get("seed"))
         if not a.startswith("speed/"):
-            rows += val_loss_rows(run, a, seed)
-            if run.status in ("ok", "diverged"):  # what the trained and converged gates read
-                rows += gates.gate_rows(run, a, seed)
+            rows += val_loss_rows(run, a, seed) + gates.gate_rows(run, a, seed)
             continue
         if run.status != "ok":
             continue
