@@ -117,6 +117,30 @@ def test_converged_gate_reads_the_last_fifth_of_the_train_loss():
     assert gates.late_gain(curve) == pytest.approx((before - end) / before)
 
 
+def test_converged_gate_passes_a_seed_whose_held_out_loss_stopped_falling():
+    """A classifier memorizing its training set: its train loss still falls over the last 20%
+    of steps, its held-out loss no longer does (flat or rising); where the held-out loss has no
+    point in one of the two windows, the train loss decides alone."""
+    steps = [10.0 * i for i in range(20)]
+    held = [(s, "gate/val_loss", v) for s, v in zip(steps, FLAT, strict=True)]
+    rising = [(s, "gate/val_loss", 1.0 + i / 100) for i, s in enumerate(steps)]
+    still = [(s, "gate/val_loss", v) for s, v in zip(steps, FALLING, strict=True)]
+    train = [(s, gates.TRAIN_LOSS, v) for s, v in zip(steps, FALLING, strict=True)]
+    data = _data([("flat", 0, *r) for r in train + held],
+                 [("rising", 0, *r) for r in train + rising],
+                 [("both", 0, *r) for r in train + still],
+                 [("once", 0, *r) for r in train + [(190.0, "gate/val_loss", 0.5)]])  # fmt: skip
+    assert gates.converged(data, "flat").passed is True
+    assert "held-out loss's +0.0% to +0.0%; 0 of 1 seeds" in gates.converged(data, "flat").measured
+    assert gates.converged(data, "rising").passed is True  # overfitting: no further gain
+    assert gates.converged(data, "both").passed is False
+    once = gates.converged(data, "once")
+    assert once.passed is False and "held-out" not in once.measured
+    mixed = pd.concat([data[data.arm == "flat"], data[data.arm == "both"].assign(seed=1)])
+    gate = gates.converged(mixed.assign(arm="m"), "m")  # one seed by either loss, one by neither
+    assert gate.passed is False and "1 of 2 seeds still improving" in gate.measured
+
+
 def test_converged_gate_shows_the_noise_of_a_seeds_late_gain():
     """A noisy loss (as a diffusion model's, one random timestep a batch): the windows' spread
     gives the SE of the gain, shown beside it; a flat curve's is 0."""
@@ -154,14 +178,16 @@ def test_unigram_loss_is_the_cross_entropy_of_training_frequencies(tmp_path: Pat
 
 def test_gate_rows_come_from_a_jobs_logs(tmp_path: Path):
     metrics = pd.DataFrame(
-        [{"step": 9, "train/loss_step": 2.0}, {"step": 19, "train/loss_step": 1.0},
-         {"step": 19, "val/loss": 1.2}]
+        [{"step": 9, "train/loss_step": 2.0}, {"step": 9, "val/loss": 1.5},
+         {"step": 19, "train/loss_step": 1.0}, {"step": 19, "val/loss": 1.3},
+         {"step": 19, "val/loss": 1.2}]  # step 19 validated twice (a resumed job): the last
     )  # fmt: skip
     run = Run({"seed": "0"}, "ok", tmp_path, metrics=metrics)  # no config: 10 classes
     rows = pd.DataFrame(gates.gate_rows(run, "a", 0), columns=report.RUNS_COLUMNS)
     assert rows[rows.metric == "gate/trivial_loss"]["value"].item() == pytest.approx(math.log(10))
     assert rows[rows.metric == "gate/train_loss"]["value"].tolist() == [2.0, 1.0]
-    assert rows[rows.metric == "gate/val_loss"]["value"].item() == 1.2
+    assert rows[rows.metric == "gate/val_loss"]["value"].tolist() == [1.5, 1.2]  # each, once
+    assert gates.trained(rows, "a").measured.startswith("final val loss 1.200-1.200")
     diverged = Run({"seed": "0"}, "diverged", tmp_path, metrics=metrics)
     assert len(gates.gate_rows(diverged, "a", 0)) == len(rows)  # a diverged job is read too
     assert gates.gate_rows(Run({"seed": "0"}, "failed", tmp_path, metrics=metrics), "a", 0) == []

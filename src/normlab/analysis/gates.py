@@ -7,7 +7,10 @@ Before a claim is read, its arms answer a reviewer's first questions, from runs.
 - converged (for claims that compare final values): each seed's train loss improved by less
   than CONVERGED_GAIN over the last 20% of its steps (the mean of the logged losses in the
   last 10% of steps against the mean of those in the 10% before the last 20%: a window each, so
-  one noisy step does not decide);
+  one noisy step does not decide), or its held-out (val) loss did, where it is logged in both
+  windows: a run whose held-out loss has stopped falling is trained as far as held-out
+  quantities go, and its further steps fit the training set (a classifier without weight decay
+  drives its train loss toward 0 long after its test error has settled);
 - not saturated (for quantities with a ceiling): each seed's value stays below the ceiling.
 A failed gate makes the claims that read the arm `invalid: <arm> did not train` (or `still
 improving`, `saturated`): the number is shown, never read as a gap. Then, per claim: the seeds
@@ -15,7 +18,8 @@ its interval needs (planned from the first seeds' paired SD), and the family's v
 Holm's correction.
 
 runs.csv rows the gates read (metric names; `gate_rows` writes them from a job's logs):
-- gate/train_loss (x = step), gate/val_loss (x = step, the last logged), gate/trivial_loss;
+- gate/train_loss (x = step), gate/val_loss (x = step, each logged; the last is the final),
+  gate/trivial_loss;
 - gate/value and gate/ceiling for the not-saturated gate (written by the analysis itself).
 """
 
@@ -37,6 +41,7 @@ MIN_SEEDS = 3  # a verdict reads at least this many seeds
 CONVERGED_GAIN = 0.02  # "still improving": the last 20% of steps improved the loss by >= 2%
 WINDOWS = ((0.7, 0.8), (0.9, 1.0))  # the converged gate's two windows, fractions of the steps
 TRAIN_LOSS = "gate/train_loss"  # the runs.csv metric of the train loss the gate reads
+VAL_LOSS = "gate/val_loss"  # and of the held-out loss (its last row per seed: the final)
 WORDS = {"trained": "did not train", "converged": "still improving",
          "not saturated": "saturated"}  # fmt: skip
 RULES = {
@@ -45,7 +50,9 @@ RULES = {
     "variance, for a diffusion model)",
     "converged": f"each seed's train loss improved by less than {CONVERGED_GAIN:.0%} over its "
     "last 20% of steps (mean of the logged losses in the last 10% of steps vs. in the 10% "
-    "before the last 20%)",
+    "before the last 20%), or its held-out loss did, where logged in both windows (a run whose "
+    "held-out loss has stopped falling is trained as far as held-out quantities go; its further "
+    "steps fit the training set)",
     "not saturated": "each seed's value below the quantity's ceiling",
 }
 
@@ -108,10 +115,9 @@ def gate_rows(run: Run, arm: str, seed: int) -> list[tuple]:
             rows += [(arm, seed, float(s), TRAIN_LOSS, float(v))
                      for s, v in zip(curve["step"], curve[key], strict=True)]  # fmt: skip
             break
-    val = run.series("val/loss")
-    if len(val):
-        rows.append((arm, seed, float(val["step"].iloc[-1]), "gate/val_loss",
-                     float(val["val/loss"].iloc[-1])))  # fmt: skip
+    val = run.series("val/loss").drop_duplicates("step", keep="last")  # a resumed job: once
+    rows += [(arm, seed, float(s), VAL_LOSS, float(v))
+             for s, v in zip(val["step"], val["val/loss"], strict=True)]  # fmt: skip
     return rows
 
 
@@ -149,34 +155,40 @@ def _seeds(data: pd.DataFrame, arm: str, metric: str) -> pd.DataFrame:
 
 
 def trained(data: pd.DataFrame, arm: str) -> Gate:
-    val, trivial = _seeds(data, arm, "gate/val_loss"), _seeds(data, arm, "gate/trivial_loss")
+    val, trivial = _seeds(data, arm, VAL_LOSS), _seeds(data, arm, "gate/trivial_loss")
     if val.empty or trivial.empty:
         return Gate(arm, "trained", None, "no val loss in runs.csv")
     ref = float(trivial["value"].iloc[0])
-    final = val.groupby("seed")["value"].last()
+    final = val.sort_values("x", kind="stable").groupby("seed")["value"].last()
     stuck = int((final >= (1 - TRAINED_MARGIN) * ref).sum())
     return Gate(arm, "trained", stuck == 0,
                 f"final val loss {final.min():.3f}-{final.max():.3f} vs trivial {ref:.3f}; "
                 f"{stuck} of {len(final)} seeds within {TRAINED_MARGIN:.0%}")  # fmt: skip
 
 
+def _per_seed(curves: pd.DataFrame, of) -> pd.Series:
+    """`of` (late_gain, late_gain_se) of each seed's curve (runs.csv rows of one metric)."""
+    if curves.empty:
+        return pd.Series(dtype=float)
+    return curves.groupby("seed").apply(lambda g: of(g.set_index("x")["value"]),
+                                        include_groups=False)  # fmt: skip
+
+
 def converged(data: pd.DataFrame, arm: str) -> Gate:
     curves = _seeds(data, arm, TRAIN_LOSS)
     if curves.empty:
         return Gate(arm, "converged", None, "no train-loss curve in runs.csv")
-    gains = curves.groupby("seed").apply(
-        lambda g: late_gain(g.set_index("x")["value"]), include_groups=False
-    )
+    gains = _per_seed(curves, late_gain)
     if gains.isna().any():
         return Gate(arm, "converged", None, "too few logged train losses for the rule")
-    noise = (
-        curves.groupby("seed")
-        .apply(lambda g: late_gain_se(g.set_index("x")["value"]), include_groups=False)
-        .max()
-    )
-    still = int((gains >= CONVERGED_GAIN).sum())
+    noise = _per_seed(curves, late_gain_se).max()
+    # NaN where the held-out loss was not logged in both windows: the train loss decides alone
+    held = _per_seed(_seeds(data, arm, VAL_LOSS), late_gain).reindex(gains.index)
+    still = int(((gains >= CONVERGED_GAIN) & ~(held < CONVERGED_GAIN)).sum())
     # the noise is shown, not used: a reader sees where one seed's gain is within its noise
     shown = "" if math.isnan(noise) else f" (a seed's SE up to {noise:.1%})"
+    if held.notna().any():
+        shown += f"; held-out loss's {held.min():+.1%} to {held.max():+.1%}"
     return Gate(arm, "converged", still == 0,
                 f"late gain {gains.min():+.1%} to {gains.max():+.1%}{shown}; {still} of "
                 f"{len(gains)} seeds still improving")  # fmt: skip
