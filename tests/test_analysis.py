@@ -79,6 +79,18 @@ def test_load_sweep_reads_summary_and_each_runs_metrics(gn_sweep: Path):
     assert failed.metrics.empty and math.isnan(failed.last("test/acc"))
 
 
+def test_load_sweep_finds_the_run_dirs_of_a_sweep_moved_from_another_root(gn_sweep: Path):
+    """summary.csv written under another --root (absolute run dirs there, since gone): each job
+    is read from its dir of the same name in this sweep dir."""
+    summary = gn_sweep / "summary.csv"
+    rows = pd.read_csv(summary, dtype=str, keep_default_na=False)
+    rows["run_dir"] = "/gone/outputs/reproduce/gn/" + rows["run_dir"]
+    rows.to_csv(summary, index=False)
+    bn2 = pick(load_sweep(gn_sweep), norm="batchnorm", batch="2")[0]
+    assert bn2.run_dir == gn_sweep / "1_norm=batchnorm,batch=2"
+    assert bn2.last("test/acc") == pytest.approx(0.70)  # its metrics.csv, not the summary's 0.5
+
+
 def test_load_sweep_filters_by_overrides(gn_sweep: Path):
     assert len(load_sweep(gn_sweep, {"experiment": "gn_batch_size", "batch": "32"})) == 2
     assert load_sweep(gn_sweep, {"experiment": "bn_lenet"}) == []

@@ -123,10 +123,14 @@ def same_value(logged: str | None, given: str) -> bool:
 
 
 def _resolve(run_dir: str, sweep_dir: Path) -> Path:
+    """A job's run dir: as written if it exists, else inside this sweep dir (a relative run dir
+    written by a fixture; an absolute one of a sweep since moved, e.g. from another --root)."""
     path = Path(run_dir)
-    if path.is_absolute() or path.exists():
+    if path.exists():
         return path
-    return sweep_dir / path  # a relative run dir written by a fixture or a moved sweep
+    if path.is_absolute():
+        return sweep_dir / path.name
+    return sweep_dir / path
 
 
 def load_sweep(sweep_dir: str | Path, match: dict[str, str] | None = None) -> list[Run]:
