@@ -105,3 +105,23 @@ def test_a_drop_in_that_did_not_train_is_invalid_not_a_gap():
     assert drop_in == ["invalid: gpt/dyt did not train"] * 2
     recipe = [v.verdict for c, v in decided.items() if c.startswith(f"GPT: {d.RECIPE_LABEL}")]
     assert recipe and not any(v.startswith("invalid") for v in recipe)
+
+
+def test_the_long_grids_test_the_recipe_against_each_base_that_ran():
+    """long/layernorm and long/rmsnorm (the paper's LLaMA baseline): a claim each against the
+    recipe at their steps, paired by seed; a base that did not run has no claim."""
+    rows = []
+    for seed in SEEDS:
+        for arm, loss in (("layernorm", 1.61), ("rmsnorm", 1.70), ("dyt_recipe", 1.72)):
+            loss += 0.001 * seed
+            rows += [(f"{d.LONG}/{arm}", seed, 2999.0, "val/loss", loss),
+                     (f"{d.LONG}/{arm}", seed, math.nan, "final/val_loss", loss)]  # fmt: skip
+    data = pd.DataFrame(rows, columns=["arm", "seed", "x", "metric", "value"])
+    claims = {c.claim: c for c in d._long_claims(data)}
+    recipe = f"GPT, 2,999 steps: {d.RECIPE_LABEL}'s final val loss is within +-0.05 nats of"
+    vs_ln, vs_rms = claims[f"{recipe} LayerNorm's"], claims[f"{recipe} RMSNorm's"]
+    assert vs_ln.values == pytest.approx([0.11] * 3) and vs_ln.verdict == FAILS
+    assert vs_rms.values == pytest.approx([0.02] * 3) and vs_rms.verdict == HOLDS
+    assert vs_rms.arms == (f"{d.LONG}/dyt_recipe", f"{d.LONG}/rmsnorm") and vs_rms.final
+    without = d._long_claims(data[data["arm"] != f"{d.LONG}/rmsnorm"])
+    assert [c.claim for c in without] == [f"{recipe} LayerNorm's"]
