@@ -408,6 +408,41 @@ def test_gn_batch_size_without_allconv_jobs_has_no_allconv_claims_or_panel():
     plt.close(result.figure)
 
 
+def _pilot_run(norm: str, epochs: int, train: list[float], val: list[float]) -> Run:
+    """A pilot job at b=32: its train loss logged every 10 steps, its val loss each epoch."""
+    steps = len(train) * 10
+    rows = [{"step": 10 * i + 9, "train/loss_step": v} for i, v in enumerate(train)]
+    rows += [{"step": (k + 1) * steps // len(val) - 1, "val/loss": v} for k, v in enumerate(val)]
+    rows.append({"step": steps - 1, "test/acc": 0.9, "train/loss_epoch": train[-1]})
+    overrides = {"norm": norm, "per_device": "32", "seed": "0", "arm": f"pilot/{norm}",
+                 "trainer.max_epochs": str(epochs)}  # fmt: skip
+    return Run(overrides, "ok", Path("."), metrics=pd.DataFrame(rows))
+
+
+def test_gn_batch_size_pilot_picks_the_fewest_epochs_every_norm_passes_the_converged_gate():
+    """The pilot holds each budget's job to gates.converged: at 8 epochs BN's train and held-out
+    losses still fall; at 16 its train loss still falls (memorizing) but its held-out loss is
+    flat, GN's train loss is flat: 16 is the budget."""
+    falling, flat = list(np.linspace(1.0, 0.2, 50)), [1.0] * 10 + [0.3] * 40
+    held_falling, held_flat = list(np.linspace(0.5, 0.3, 10)), [0.5] * 3 + [0.3] * 7
+    runs = [
+        _pilot_run("bn", 8, falling, held_falling),
+        _pilot_run("gn", 8, flat, held_falling),
+        _pilot_run("bn", 16, falling, held_flat),
+        _pilot_run("gn", 16, flat, held_falling),
+    ]
+    data = gn_batch_size.extract(runs)
+    table = gn_batch_size.pilot(data)
+    passed = {(r.arm, r.epochs): r.gate.passed for r in table.itertuples()}
+    assert passed == {("pilot/bn", 8.0): False, ("pilot/bn", 16.0): True,
+                      ("pilot/gn", 8.0): True, ("pilot/gn", 16.0): True}  # fmt: skip
+    assert gn_batch_size.pilot_epochs(table) == 16
+    assert gn_batch_size.pilot_epochs(table[table["epochs"] == 8]) != 8  # NaN: none passes
+    section = gn_batch_size.render(data).sections["Pilot: the budget at which b=32 converges"]
+    assert "every norm passes: 16" in section and "held-out loss's" in section
+    plt.close("all")
+
+
 # ----- ln_placement: logs -> runs.csv -> claims -------------------------------------------------
 
 
