@@ -304,19 +304,8 @@ def _claims(data: pd.DataFrame) -> list[Claim]:
     for a, name in _gpt_arms(data).items():
         mine = final_loss(data, a)
         for base, base_name in ((ln, "LayerNorm"), (rms, "RMSNorm")):
-            pair = _paired(mine, base)
-            claims.append(Claim(
-                f"GPT: {name}'s final val loss is within +-{LOSS_MARGIN:g} nats of "
-                f"{base_name}'s",
-                PAPER["gpt"],
-                f"{name}'s final val loss minus {base_name}'s (same seed), nats",
-                list(pair["x"] - pair["y"]),
-                (-LOSS_MARGIN, LOSS_MARGIN),
-                source="ours",
-                why=f"the paper reports matching loss; the +-{LOSS_MARGIN:g}-nat band is ours",
-                arms=(a, f"{GPT}/{base_name.lower()}"),
-                final=True,
-            ))  # fmt: skip
+            claims.append(_loss_claim("GPT", name, mine, base_name, base,
+                                      (a, f"{GPT}/{base_name.lower()}"), ""))  # fmt: skip
     dit_ln = _final(data, f"{DIT}/layernorm", "final/fid_lenet")
     for norm in arms_of(data, DIT):
         if norm in ("layernorm", "rmsnorm"):
@@ -350,21 +339,28 @@ def _long_claims(data: pd.DataFrame) -> list[Claim]:
         ref = final_loss(data, f"{LONG}/{base}")
         if ref.empty or mine.empty:
             continue
-        pair, steps = _paired(mine, ref), _steps(data, f"{LONG}/{base}")
-        claims.append(Claim(
-            f"GPT, {steps:,} steps: {RECIPE_LABEL}'s final val loss is within +-{LOSS_MARGIN:g} "
-            f"nats of {base_name}'s",
-            PAPER["gpt"],
-            f"{RECIPE_LABEL}'s final val loss minus {base_name}'s (same seed), nats, after "
-            f"{steps:,} steps",
-            list(pair["x"] - pair["y"]),
-            (-LOSS_MARGIN, LOSS_MARGIN),
-            source="ours",
-            why=f"the paper reports matching loss; the +-{LOSS_MARGIN:g}-nat band is ours",
-            arms=(f"{LONG}/dyt_recipe", f"{LONG}/{base}"),
-            final=True,
-        ))  # fmt: skip
+        steps = _steps(data, f"{LONG}/{base}")
+        claims.append(_loss_claim(f"GPT, {steps:,} steps", RECIPE_LABEL, mine, base_name, ref,
+                                  (f"{LONG}/dyt_recipe", f"{LONG}/{base}"),
+                                  f", after {steps:,} steps"))  # fmt: skip
     return claims
+
+
+def _loss_claim(where: str, name: str, mine: pd.DataFrame, base_name: str, base: pd.DataFrame,
+                arms: tuple[str, str], after: str) -> Claim:  # fmt: skip
+    """`name`'s final val loss within +-LOSS_MARGIN nats of `base_name`'s, paired by seed."""
+    pair = _paired(mine, base)
+    return Claim(
+        f"{where}: {name}'s final val loss is within +-{LOSS_MARGIN:g} nats of {base_name}'s",
+        PAPER["gpt"],
+        f"{name}'s final val loss minus {base_name}'s (same seed), nats{after}",
+        list(pair["x"] - pair["y"]),
+        (-LOSS_MARGIN, LOSS_MARGIN),
+        source="ours",
+        why=f"the paper reports matching loss; the +-{LOSS_MARGIN:g}-nat band is ours",
+        arms=arms,
+        final=True,
+    )
 
 
 def _tanh_claims(data: pd.DataFrame) -> list[Claim]:
