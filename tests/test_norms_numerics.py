@@ -56,7 +56,9 @@ CASES = {
     "rms-channels": ("rmsnorm", {}, (4, 64, 8, 8), 1, 0.0),
     "prms": ("prmsnorm", {"p": 0.75}, (8, D), None, 0.0),  # k = 3072 < D: the partial backward
 }
-IMPLS = {"bn-ghost": ["fast"]}  # ghost BN: one path for every impl; the rest: every family impl
+IMPLS = {
+    "bn-ghost": ["fast", "reference"]
+}  # ghost BN: manual is the reference; the rest: every impl
 FUSED = {"rmsnorm", "prmsnorm"}
 
 
@@ -176,7 +178,13 @@ def test_rmsnorm_fp16_std5_d4096_is_not_zero(monkeypatch):
 @pytest.mark.parametrize("dtype", HALF, ids=HALF_IDS)
 @pytest.mark.parametrize(
     ("cid", "impl"),
-    [("bn", "fast"), ("bn", "reference"), ("bn", "manual"), ("bn-ghost", "fast")]
+    [
+        ("bn", "fast"),
+        ("bn", "reference"),
+        ("bn", "manual"),
+        ("bn-ghost", "fast"),
+        ("bn-ghost", "reference"),
+    ]
     + [("in", "fast"), ("in", "reference"), ("in", "manual")],
 )
 def test_running_stats_keep_their_dtype_and_eval_matches(cid, impl, dtype, params):

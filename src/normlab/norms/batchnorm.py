@@ -212,9 +212,12 @@ class BatchNorm(RunningStatsNorm):
         return y.flatten(0, 1).to(x.dtype), mean, var * (n / (n - 1))
 
     def _fast(self, x: torch.Tensor) -> torch.Tensor:
-        """torch's F.batch_norm; ghost batches, sync and an empty input take `_reference`."""
-        if self._ghosting(x) or self._syncing() or x.numel() == 0:
+        """torch's F.batch_norm (`_fast_ghost` for ghost batches); sync and an empty input take
+        `_reference`."""
+        if self._syncing() or x.numel() == 0:
             return self._reference(x)
+        if self._ghosting(x):
+            return self._fast_ghost(x)
         factor = self._momentum_for_step()
         track = not self.training or self.track_running_stats
         running = (self.running_mean, self.running_var) if track else (None, None)
@@ -222,6 +225,27 @@ class BatchNorm(RunningStatsNorm):
         y = F.batch_norm(x, mean, var, weight, bias, self._use_batch_stats(), factor, self.eps)
         self._keep_running_stats(mean, var)
         return y
+
+    def _fast_ghost(self, x: torch.Tensor) -> torch.Tensor:
+        """Ghost BN in one call of torch's kernel: x (G * b, C, *S), b = ghost_batch, is seen as
+        (b, G * C, *S), a plain batch of G * C channels, one per (slice, channel), so each is
+        normalised over its slice's b samples and positions. One copy in and one out (x's
+        slices are not contiguous per channel), against the reference's chain of elementwise
+        ops and their intermediates. The kernel's running statistics, zeros updated with
+        momentum 1, are the slices' mean and unbiased var; float32 for a half x, whose weight
+        and bias then go in float32 (`_kernel_args`).
+        """
+        factor = self._momentum_for_step()
+        b, c, shape = self.ghost_batch, self.num_features, x.shape
+        g = shape[0] // b
+        xt = x.unflatten(0, (g, b)).transpose(0, 1).reshape(b, g * c, *shape[2:])
+        _, _, weight, bias = self._kernel_args(x, None, None)
+        weight, bias = (None if p is None else p.repeat(g) for p in (weight, bias))
+        stats = x.new_zeros(2, g * c, dtype=stats_dtype(x.dtype))  # mean, unbiased var
+        y = F.batch_norm(xt, stats[0], stats[1], weight, bias, True, 1.0, self.eps)
+        if self._updates_running_stats():
+            self._update_running_stats(stats[0], stats[1], factor)
+        return y.unflatten(1, (g, c)).transpose(0, 1).reshape(shape)
 
     def _normalize_with_batch_stats(
         self, x: torch.Tensor
