@@ -56,9 +56,8 @@ CASES = {
     "rms-channels": ("rmsnorm", {}, (4, 64, 8, 8), 1, 0.0),
     "prms": ("prmsnorm", {"p": 0.75}, (8, D), None, 0.0),  # k = 3072 < D: the partial backward
 }
-IMPLS = {
-    "bn-ghost": ["fast", "reference"]
-}  # ghost BN: manual is the reference; the rest: every impl
+# ghost BN: fast and reference (its manual is the reference); the rest: every family impl
+IMPLS = {"bn-ghost": ["fast", "reference"]}
 FUSED = {"rmsnorm", "prmsnorm"}
 
 
