@@ -443,6 +443,24 @@ def test_gn_batch_size_pilot_picks_the_fewest_epochs_every_norm_passes_the_conve
     plt.close("all")
 
 
+@pytest.mark.parametrize(("epochs", "words"), [(16, "16 epochs, the pilot's budget"),
+                                               (2, "2 epochs (the pilot's: 16)")])  # fmt: skip
+def test_gn_batch_size_notes_give_the_jobs_budget_from_their_logs(epochs, words):
+    """The notes' budget: the jobs' epochs, against the pilot's pick, and their SGD steps."""
+    flat = [1.0] * 10 + [0.3] * 40
+    runs = [_pilot_run("bn", 16, flat, [0.3] * 10), _pilot_run("gn", 16, flat, [0.3] * 10)]
+    for b, steps in ((32, 500), (2, 8000)):
+        metrics = pd.DataFrame([{"step": steps, "test/acc": 0.9, "train/loss_epoch": 0.3}])
+        overrides = {"norm": "batchnorm", "per_device": str(b), "seed": "0", "arm": "batchnorm",
+                     "trainer.max_epochs": str(epochs)}  # fmt: skip
+        runs.append(Run(overrides, "ok", Path("."), metrics=metrics))
+    notes = gn_batch_size.render(gn_batch_size.extract(runs)).notes
+    budget = f"{words} (500 SGD steps at b=32, 8,000 at b=2)"
+    assert any(note.startswith(f"{words[0].upper()}{words[1:]}") for note in notes), notes
+    assert sum(budget in note for note in notes) == 2  # the setup note and the b=32-to-2 note
+    plt.close("all")
+
+
 # ----- ln_placement: logs -> runs.csv -> claims -------------------------------------------------
 
 

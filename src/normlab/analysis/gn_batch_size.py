@@ -40,6 +40,7 @@ BIG, SMALL = 32, 2
 
 
 PILOT = "pilot/"  # the pilot's arms: pilot/bn, pilot/gn, pilot/ln
+EPOCHS, STEPS = "budget/epochs", "budget/steps"  # per job: its trainer.max_epochs, last step
 # the all-conv net's arms (experiment=gn_batch_size_allconv): 6 convs at 28, 14 and 7 pixels
 ALLCONV = {"allconv/batchnorm": "BN", "allconv/groupnorm": "GN"}
 
@@ -65,15 +66,23 @@ def extract(runs: list[Run]) -> pd.DataFrame:
         a, seed, b = run.arm, int(run.get("seed")), float(run.get("per_device"))
         error = 100.0 * (1.0 - run.last("test/acc"))
         if a.startswith(PILOT):
-            epochs = float(run.setting("trainer.max_epochs", run.get("trainer.max_epochs")))
+            epochs = _epochs(run)
             rows += [(a, seed, epochs, "pilot/test_error", error),
                      (a, seed, epochs, "pilot/train_loss", run.last("train/loss_epoch")),
                      *gates.gate_rows(run, pilot_arm(a, epochs), seed)]  # fmt: skip
             continue
         rows.append((a, seed, b, "test/error", error))
         rows.append((a, seed, b, "train/loss", run.last("train/loss_epoch")))
+        rows.append((a, seed, b, EPOCHS, _epochs(run)))
+        steps = run.metrics.get("step", pd.Series(dtype=float))  # test's row: the global step
+        rows.append((a, seed, b, STEPS, float(steps.max()) if len(steps) else math.nan))
         rows += gates.gate_rows(run, gate_arm(a, b), seed)
     return pd.DataFrame(rows, columns=["arm", "seed", "x", "metric", "value"])
+
+
+def _epochs(run: Run) -> float:
+    """A job's trainer.max_epochs: its composed config's, else its override's; NaN if neither."""
+    return float(run.setting("trainer.max_epochs", run.get("trainer.max_epochs", "nan")))
 
 
 def pilot(data: pd.DataFrame) -> pd.DataFrame:
@@ -321,8 +330,9 @@ def render(data: pd.DataFrame) -> Result:
     if ran:
         _allconv_panel(axes[4], allconv)
     _decorate(fig, tuple(axes))
-    notes = _notes()
-    notes.append(_sgd_effect(err))
+    budget = _budget(data)
+    notes = _notes(budget)
+    notes.append(_sgd_effect(err, budget))
     if ran:
         notes.append(ALLCONV_NOTE)
     arms = sorted({a for a in data["arm"].unique() if "/b" in a and not a.startswith(PILOT)})
@@ -381,7 +391,26 @@ def _decorate(fig: plt.Figure, axes: tuple[plt.Axes, ...]) -> None:
     fig.tight_layout()
 
 
-def _notes() -> list[str]:
+def _budget(data: pd.DataFrame) -> str:
+    """The jobs' budget as their logs give it (pilot jobs aside): 'E epochs, the pilot's budget
+    (S SGD steps at b=32, S' at b=2)', steps the most of any job at that b; epochs as 'E1-E2' if
+    the jobs differ, the pilot's pick beside them if another, steps left out where not logged."""
+    rows = data[~data["arm"].str.startswith(PILOT)]
+    epochs = rows.loc[rows["metric"] == EPOCHS, "value"].dropna()
+    if epochs.empty:
+        return "the same epochs"
+    low, high = epochs.min(), epochs.max()
+    text = f"{low:g} epochs" if low == high else f"{low:g}-{high:g} epochs"
+    chosen = pilot_epochs(pilot(data))
+    if not math.isnan(chosen):
+        text += ", the pilot's budget" if low == high == chosen else f" (the pilot's: {chosen:g})"
+    steps = rows[rows["metric"] == STEPS].groupby("x")["value"].max()
+    if {BIG, SMALL} <= set(steps.dropna().index):
+        text += f" ({steps[BIG]:,.0f} SGD steps at b={BIG}, {steps[SMALL]:,.0f} at b={SMALL})"
+    return text
+
+
+def _notes(budget: str) -> list[str]:
     """What every figure of this reproduction holds fixed and how its arms differ."""
     return [
         "Network (the same for all four norms): LeNet with conv widths 16 and 32, relu, a norm "
@@ -389,7 +418,7 @@ def _notes() -> list[str]:
         "layers; GN has 4 groups (4 and 8 channels a group), so it is neither LN nor IN.",
         "Held fixed across seeds: the held-out split and the 10k test images. A seed sets the "
         "init, the order of the training images and so the steps; all arms of a seed share them.",
-        "Two epochs (110k images) for every b: 430 SGD steps at b=32 to 6,874 at b=2, lr "
+        f"{budget[0].upper()}{budget[1:]} for every b, lr "
         "0.2 x 8b/256 (linear scaling, as in the paper; its base is 0.1 for ResNet-50) after a "
         "linear warmup over the same 12,800 images at every b, then a cosine to 0. The paper "
         "trains ResNet-50 for 100 epochs on ImageNet.",
@@ -449,7 +478,7 @@ def _pilot_section(data: pd.DataFrame) -> str:
     ])  # fmt: skip
 
 
-def _sgd_effect(err: dict[str, pd.DataFrame]) -> str:
+def _sgd_effect(err: dict[str, pd.DataFrame], budget: str) -> str:
     """The change from b=32 to b=2 of every norm, side by side: LN and IN do not depend on the
     batch at all, so their change is the optimizer's (fewer, larger steps at b=32)."""
     parts = []
@@ -462,6 +491,5 @@ def _sgd_effect(err: dict[str, pd.DataFrame]) -> str:
         f"Mean change of the test error from b={BIG} to b={SMALL}, points: "
         + ", ".join(parts)
         + ". LN and IN compute nothing over the batch, so what they share with GN is the "
-        f"optimizer's: at b={BIG} the 2 epochs are 430 SGD steps of 256 images, at b={SMALL} "
-        "6,874 steps of 16, and the short large-batch runs are further from converged."
+        f"optimizer's: {budget}, steps of 8b images with the lr scaled to match."
     )
