@@ -408,13 +408,15 @@ def test_gn_batch_size_without_allconv_jobs_has_no_allconv_claims_or_panel():
     plt.close(result.figure)
 
 
-def _pilot_run(norm: str, epochs: int, train: list[float], val: list[float]) -> Run:
+def _pilot_run(
+    norm: str, epochs: int, train: list[float], val: list[float], prefix: str = "pilot/"
+) -> Run:
     """A pilot job at b=32: its train loss logged every 10 steps, its val loss each epoch."""
     steps = len(train) * 10
     rows = [{"step": 10 * i + 9, "train/loss_step": v} for i, v in enumerate(train)]
     rows += [{"step": (k + 1) * steps // len(val) - 1, "val/loss": v} for k, v in enumerate(val)]
     rows.append({"step": steps - 1, "test/acc": 0.9, "train/loss_epoch": train[-1]})
-    overrides = {"norm": norm, "per_device": "32", "seed": "0", "arm": f"pilot/{norm}",
+    overrides = {"norm": norm, "per_device": "32", "seed": "0", "arm": f"{prefix}{norm}",
                  "trainer.max_epochs": str(epochs)}  # fmt: skip
     return Run(overrides, "ok", Path("."), metrics=pd.DataFrame(rows))
 
@@ -440,6 +442,30 @@ def test_gn_batch_size_pilot_picks_the_fewest_epochs_every_norm_passes_the_conve
     assert gn_batch_size.pilot_epochs(table[table["epochs"] == 8]) != 8  # NaN: none passes
     section = gn_batch_size.render(data).sections["Pilot: the budget at which b=32 converges"]
     assert "every norm passes: 16" in section and "held-out loss's" in section
+    plt.close("all")
+
+
+def test_gn_batch_size_each_net_has_its_own_pilot_and_budget():
+    """The all-conv net's pilot picks its own budget (8: BN's held-out loss flat there) beside
+    LeNet's (16), each in its own table; neither net's jobs count in the other's pick."""
+    falling, flat = list(np.linspace(1.0, 0.2, 50)), [1.0] * 10 + [0.3] * 40
+    held_falling, held_flat = list(np.linspace(0.5, 0.3, 10)), [0.5] * 3 + [0.3] * 7
+    ac = gn_batch_size.ALLCONV_PILOT
+    runs = [
+        _pilot_run("bn", 8, falling, held_falling),
+        _pilot_run("bn", 16, flat, held_flat),
+        _pilot_run("bn", 8, falling, held_flat, ac),
+        _pilot_run("gn", 8, flat, held_falling, ac),
+        _pilot_run("gn", 4, falling, held_falling, ac),
+    ]
+    data = gn_batch_size.extract(runs)
+    lenet, allconv = gn_batch_size.pilot(data), gn_batch_size.pilot(data, "allconv")
+    assert set(lenet["arm"]) == {"pilot/bn"} and set(allconv["arm"]) == {ac + "bn", ac + "gn"}
+    assert gn_batch_size.pilot_epochs(lenet) == 16 and gn_batch_size.pilot_epochs(allconv) == 8
+    section = gn_batch_size.render(data).sections["Pilot: the budget at which b=32 converges"]
+    lenet_part, allconv_part = section.split("**All-conv net**")
+    assert "`--grids pilot/bn`" in lenet_part and "every norm passes: 16" in lenet_part
+    assert f"`--grids {ac}bn,{ac}gn`" in allconv_part and "every norm passes: 8" in allconv_part
     plt.close("all")
 
 

@@ -39,10 +39,17 @@ LABELS = {**NORMS, FIXED: "BN, SGD batch fixed at 256", PRECISE: "BN, precise st
 BIG, SMALL = 32, 2
 
 
-PILOT = "pilot/"  # the pilot's arms: pilot/bn, pilot/gn, pilot/ln
+PILOT = "pilot/"  # the pilot's arms: pilot/bn, pilot/gn, pilot/ln; the all-conv net's below
 EPOCHS, STEPS = "budget/epochs", "budget/steps"  # per job: its trainer.max_epochs, last step
 # the all-conv net's arms (experiment=gn_batch_size_allconv): 6 convs at 28, 14 and 7 pixels
 ALLCONV = {"allconv/batchnorm": "BN", "allconv/groupnorm": "GN"}
+ALLCONV_PILOT = "pilot/allconv/"  # its pilot's arms: pilot/allconv/bn, pilot/allconv/gn
+NETS = {"lenet": "LeNet", "allconv": "All-conv net"}
+
+
+def net(arm_: str) -> str:
+    """The network an arm trains: 'allconv' (its arms and pilot arms) or 'lenet'."""
+    return "allconv" if arm_ in ALLCONV or arm_.startswith(ALLCONV_PILOT) else "lenet"
 
 
 def gate_arm(arm_: str, b: float) -> str:
@@ -85,10 +92,11 @@ def _epochs(run: Run) -> float:
     return float(run.setting("trainer.max_epochs", run.get("trainer.max_epochs", "nan")))
 
 
-def pilot(data: pd.DataFrame) -> pd.DataFrame:
-    """The pilot's table: per norm and epochs, test error, final train loss and the converged
-    gate (gates.converged, the rule every arm is held to)."""
+def pilot(data: pd.DataFrame, net_: str = "lenet") -> pd.DataFrame:
+    """One network's pilot table: per norm and epochs, test error, final train loss and the
+    converged gate (gates.converged, the rule every arm is held to)."""
     rows = data[data["arm"].str.startswith(PILOT) & data["metric"].str.startswith("pilot/")]
+    rows = rows[rows["arm"].map(net) == net_]
     if rows.empty:
         return pd.DataFrame(columns=["arm", "epochs", "test_error", "train_loss", "gate"])
     table = rows.pivot_table(index=["arm", "x"], columns="metric", values="value")
@@ -334,7 +342,7 @@ def render(data: pd.DataFrame) -> Result:
     notes = _notes(budget)
     notes.append(_sgd_effect(err, budget))
     if ran:
-        notes.append(ALLCONV_NOTE)
+        notes.append(f"{ALLCONV_NOTE} {_upper_first(_budget(data, 'allconv'))} for every b.")
     arms = sorted({a for a in data["arm"].unique() if "/b" in a and not a.startswith(PILOT)})
     sections = {"Pilot: the budget at which b=32 converges": _pilot_section(data)}
     claims = _claims(err) + (_allconv_claims(allconv) if ran else [])
@@ -391,23 +399,29 @@ def _decorate(fig: plt.Figure, axes: tuple[plt.Axes, ...]) -> None:
     fig.tight_layout()
 
 
-def _budget(data: pd.DataFrame) -> str:
-    """The jobs' budget as their logs give it (pilot jobs aside): 'E epochs, the pilot's budget
-    (S SGD steps at b=32, S' at b=2)', steps the most of any job at that b; epochs as 'E1-E2' if
-    the jobs differ, the pilot's pick beside them if another, steps left out where not logged."""
-    rows = data[~data["arm"].str.startswith(PILOT)]
+def _budget(data: pd.DataFrame, net_: str = "lenet") -> str:
+    """One network's jobs' budget as their logs give it (pilot jobs aside): 'E epochs, the
+    pilot's budget (S SGD steps at b=32, S' at b=2)', steps the most of any job at that b;
+    epochs as 'E1-E2' if the jobs differ, its pilot's pick beside them if another, steps left
+    out where not logged."""
+    rows = data[~data["arm"].str.startswith(PILOT) & (data["arm"].map(net) == net_)]
     epochs = rows.loc[rows["metric"] == EPOCHS, "value"].dropna()
     if epochs.empty:
         return "the same epochs"
     low, high = epochs.min(), epochs.max()
     text = f"{low:g} epochs" if low == high else f"{low:g}-{high:g} epochs"
-    chosen = pilot_epochs(pilot(data))
+    chosen = pilot_epochs(pilot(data, net_))
     if not math.isnan(chosen):
         text += ", the pilot's budget" if low == high == chosen else f" (the pilot's: {chosen:g})"
     steps = rows[rows["metric"] == STEPS].groupby("x")["value"].max()
     if {BIG, SMALL} <= set(steps.dropna().index):
         text += f" ({steps[BIG]:,.0f} SGD steps at b={BIG}, {steps[SMALL]:,.0f} at b={SMALL})"
     return text
+
+
+def _upper_first(text: str) -> str:
+    """text with its first letter in upper case (str.capitalize lowers the rest)."""
+    return text[:1].upper() + text[1:]
 
 
 def _notes(budget: str) -> list[str]:
@@ -418,7 +432,7 @@ def _notes(budget: str) -> list[str]:
         "layers; GN has 4 groups (4 and 8 channels a group), so it is neither LN nor IN.",
         "Held fixed across seeds: the held-out split and the 10k test images. A seed sets the "
         "init, the order of the training images and so the steps; all arms of a seed share them.",
-        f"{budget[0].upper()}{budget[1:]} for every b, lr "
+        f"{_upper_first(budget)} for every b, lr "
         "0.2 x 8b/256 (linear scaling, as in the paper; its base is 0.1 for ResNet-50) after a "
         "linear warmup over the same 12,800 images at every b, then a cosine to 0. The paper "
         "trains ResNet-50 for 100 epochs on ImageNet.",
@@ -447,12 +461,15 @@ def _train_panel(ax: plt.Axes, data: pd.DataFrame) -> None:
 
 
 def _pilot_section(data: pd.DataFrame) -> str:
-    """The pilot's table, and the budget it picks by the converged gate's rule."""
-    table = pilot(data)
-    if table.empty:
-        return "Not in runs.csv."
+    """Each network's pilot table, and the budget it picks by the converged gate's rule."""
+    parts = [_pilot_table(pilot(data, n), NETS[n]) for n in NETS if not pilot(data, n).empty]
+    return "\n\n".join(parts) if parts else "Not in runs.csv."
+
+
+def _pilot_table(table: pd.DataFrame, name: str) -> str:
+    """One network's pilot: its table and the budget it picks."""
     rows = [
-        (r.arm.removeprefix(PILOT).upper(), f"{r.epochs:g}", r.gate.measured, r.gate.status,
+        (r.arm.rsplit("/", 1)[-1].upper(), f"{r.epochs:g}", r.gate.measured, r.gate.status,
          f"{r.train_loss:.3f}", f"{r.test_error:.2f}")
         for r in table.itertuples()
     ]  # fmt: skip
@@ -465,9 +482,10 @@ def _pilot_section(data: pd.DataFrame) -> str:
         else f"no budget up to {table['epochs'].max():g} epochs passes: the b={BIG} runs' "
         "train and held-out losses are still falling there"
     )
+    grids = ",".join(sorted(table["arm"].unique()))  # a pilot arm is its grid's name
     return "\n".join([
-        f"b={BIG} (SGD on 8 x {BIG}), seed 0, one job per norm and budget, each with its own "
-        "cosine schedule to 0 (`--grids pilot/bn,pilot/gn,pilot/ln`), held to the converged "
+        f"**{name}**, b={BIG} (SGD on 8 x {BIG}), seed 0, one job per norm and budget, each with "
+        f"its own cosine schedule to 0 (`--grids {grids}`), held to the converged "
         "gate every arm is held to (its rule under Gates): the late gain is the train loss's "
         "relative fall over the last 20% of steps, the held-out loss's beside it (validated "
         f"once an epoch), bound {gates.CONVERGED_GAIN:.0%}.",
