@@ -338,13 +338,15 @@ def render(data: pd.DataFrame) -> Result:
     if ran:
         _allconv_panel(axes[4], allconv)
     _decorate(fig, tuple(axes))
-    budget = _budget(data)
+    pilots = {n: pilot(data, n) for n in NETS}  # each net's table, its gates read once
+    budget = _budget(data, pilots["lenet"])
     notes = _notes(budget)
     notes.append(_sgd_effect(err, budget))
     if ran:
-        notes.append(f"{ALLCONV_NOTE} {_upper_first(_budget(data, 'allconv'))} for every b.")
+        allconv_budget = _budget(data, pilots["allconv"], "allconv")
+        notes.append(f"{ALLCONV_NOTE} {_upper_first(allconv_budget)} for every b.")
     arms = sorted({a for a in data["arm"].unique() if "/b" in a and not a.startswith(PILOT)})
-    sections = {"Pilot: the budget at which b=32 converges": _pilot_section(data)}
+    sections = {"Pilot: the budget at which b=32 converges": _pilot_section(pilots)}
     claims = _claims(err) + (_allconv_claims(allconv) if ran else [])
     return Result(fig, claims, notes, gates.gates(data, arms), sections)
 
@@ -399,18 +401,18 @@ def _decorate(fig: plt.Figure, axes: tuple[plt.Axes, ...]) -> None:
     fig.tight_layout()
 
 
-def _budget(data: pd.DataFrame, net_: str = "lenet") -> str:
+def _budget(data: pd.DataFrame, pilot_table: pd.DataFrame, net_: str = "lenet") -> str:
     """One network's jobs' budget as their logs give it (pilot jobs aside): 'E epochs, the
     pilot's budget (S SGD steps at b=32, S' at b=2)', steps the most of any job at that b;
-    epochs as 'E1-E2' if the jobs differ, its pilot's pick beside them if another, steps left
-    out where not logged."""
+    epochs as 'E1-E2' if the jobs differ, its pilot's pick (from `pilot_table`, `pilot`'s table
+    of that network) beside them if another, steps left out where not logged."""
     rows = data[~data["arm"].str.startswith(PILOT) & (data["arm"].map(net) == net_)]
     epochs = rows.loc[rows["metric"] == EPOCHS, "value"].dropna()
     if epochs.empty:
         return "the same epochs"
     low, high = epochs.min(), epochs.max()
     text = f"{low:g} epochs" if low == high else f"{low:g}-{high:g} epochs"
-    chosen = pilot_epochs(pilot(data, net_))
+    chosen = pilot_epochs(pilot_table)
     if not math.isnan(chosen):
         text += ", the pilot's budget" if low == high == chosen else f" (the pilot's: {chosen:g})"
     steps = rows[rows["metric"] == STEPS].groupby("x")["value"].max()
@@ -460,9 +462,9 @@ def _train_panel(ax: plt.Axes, data: pd.DataFrame) -> None:
     ax.set_ylabel("train loss (nats)")
 
 
-def _pilot_section(data: pd.DataFrame) -> str:
+def _pilot_section(pilots: dict[str, pd.DataFrame]) -> str:
     """Each network's pilot table, and the budget it picks by the converged gate's rule."""
-    parts = [_pilot_table(pilot(data, n), NETS[n]) for n in NETS if not pilot(data, n).empty]
+    parts = [_pilot_table(table, NETS[n]) for n, table in pilots.items() if not table.empty]
     return "\n\n".join(parts) if parts else "Not in runs.csv."
 
 
