@@ -358,3 +358,21 @@ def test_the_family_counts_a_claim_precluded_and_invalid_once():
     assert decisions[0].verdict == "invalid: a did not train"
     table = report.claims_table([both, read], decisions, 3, 12)
     assert "Family: 2 claims, 1 tested" in table
+
+
+def test_the_jobs_table_tells_apart_an_arms_jobs_of_one_seed():
+    """Where an arm ran several jobs a seed (gn_batch_size: one per b), the jobs table shows
+    what sets each apart; where every (arm, seed) is one job, it has no such column."""
+    jobs = pd.DataFrame({
+        "arm": ["bn", "bn", "bn", "gn"], "seed": [0, 0, 1, 0],
+        "overrides": ["per_device=32 norm=batchnorm arm=bn seed=0",
+                      "per_device=2 norm=batchnorm arm=bn seed=0",
+                      "per_device=32 norm=batchnorm arm=bn seed=1", "norm=groupnorm arm=gn seed=0"],
+        "status": "ok", "error": "", "wall_time_s": 1.0, "reused": 0,
+    })  # fmt: skip
+    assert report.settings(jobs) == ["per_device=32", "per_device=2", "per_device=32", ""]
+    table = report.jobs_table(jobs)
+    assert "| arm | seed | setting | status |" in table
+    assert "| bn | 0 | per_device=2 | ok |" in table
+    single = report.jobs_table(jobs.drop(index=1))
+    assert report.settings(jobs.drop(index=1)) is None and "setting" not in single

@@ -443,14 +443,32 @@ def claims_table(claims: list, decisions: list[gates.Decision], initial: int, ca
     return "\n".join(lines)
 
 
+def settings(jobs: pd.DataFrame) -> list[str] | None:
+    """Per job, the overrides that tell it from its arm's other jobs (the seed aside), where an
+    arm ran more than one job per seed (gn_batch_size's b); None where each (arm, seed) is one."""
+    if not jobs.duplicated(["arm", "seed"]).any():
+        return None
+    tokens = [str(o).split() if isinstance(o, str) else [] for o in jobs["overrides"]]
+    shared = {arm: set.intersection(*(set(t) for a, t in zip(jobs["arm"], tokens, strict=True)
+                                      if a == arm)) for arm in set(jobs["arm"])}  # fmt: skip
+    return [" ".join(t for t in tok if t not in shared[arm] and not t.startswith("seed="))
+            for arm, tok in zip(jobs["arm"], tokens, strict=True)]  # fmt: skip
+
+
 def jobs_table(jobs: pd.DataFrame) -> str:
-    """The jobs the figure was drawn from: arm, seed, status, wall time, reused or not."""
+    """The jobs the figure was drawn from: arm, seed, (where an arm ran several jobs a seed)
+    what sets each apart, status, wall time, reused or not."""
+    setting = settings(jobs)
     rows = []
-    for job in jobs.itertuples():
+    for k, job in enumerate(jobs.itertuples()):
         error = f" ({str(job.error)[:80]})" if isinstance(job.error, str) and job.error else ""
         reused = "yes" if job.reused == 1 else "no"
-        rows.append((job.arm, job.seed, f"{job.status}{error}", fmt(job.wall_time_s, 4), reused))
-    return markdown_table(["arm", "seed", "status", "wall time (s)", "reused"], rows) + "\n"
+        apart = () if setting is None else (setting[k],)
+        rows.append((job.arm, job.seed, *apart, f"{job.status}{error}", fmt(job.wall_time_s, 4),
+                     reused))  # fmt: skip
+    columns = ["arm", "seed", *([] if setting is None else ["setting"]), "status",
+               "wall time (s)", "reused"]  # fmt: skip
+    return markdown_table(columns, rows) + "\n"
 
 
 def write_evidence(
