@@ -22,6 +22,7 @@ from normlab.analysis import (
     gates,
     gn_batch_size,
     ln_placement,
+    logs,
     report,
     rmsnorm_speed,
     stats,
@@ -89,6 +90,25 @@ def test_load_sweep_finds_the_run_dirs_of_a_sweep_moved_from_another_root(gn_swe
     bn2 = pick(load_sweep(gn_sweep), norm="batchnorm", batch="2")[0]
     assert bn2.run_dir == gn_sweep / "1_norm=batchnorm,batch=2"
     assert bn2.last("test/acc") == pytest.approx(0.70)  # its metrics.csv, not the summary's 0.5
+
+
+def test_a_resumed_jobs_wall_time_counts_its_earlier_runs(gn_sweep: Path):
+    """summary.csv holds the last run's wall time; a job stopped and resumed adds its earlier
+    runs' spans from its train.log (run dir line to last line); a job run once keeps its own."""
+    log = gn_sweep / "1_norm=batchnorm,batch=2" / "train.log"
+    start = "[normlab.sweep.task][INFO] - run dir: x"
+    log.write_text("\n".join([
+        f"[2026-01-01 10:00:00,000]{start}",
+        "[2026-01-01 10:01:40,500][normlab.callbacks.progress][INFO] - epoch 1/2",
+        "  a traceback line without a time",
+        "[2026-01-01 10:02:00,000][lightning][INFO] - Received SIGTERM: 15",
+        f"[2026-01-01 11:00:00,000]{start}",
+        "[2026-01-01 11:00:30,000][normlab.callbacks.progress][INFO] - epoch 2/2",
+    ]) + "\n")  # fmt: skip
+    assert logs.earlier_runs_s(log.parent) == 120.0
+    runs = load_sweep(gn_sweep)
+    assert pick(runs, norm="batchnorm", batch="2")[0].wall_time_s == pytest.approx(121.5)
+    assert pick(runs, norm="batchnorm", batch="32")[0].wall_time_s == pytest.approx(1.5)
 
 
 def test_load_sweep_filters_by_overrides(gn_sweep: Path):

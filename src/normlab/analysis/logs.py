@@ -6,6 +6,7 @@ Every number a figure shows comes through here, from files a run wrote: nothing 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -15,6 +16,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from normlab.config import register_resolvers
 from normlab.sweep.summary import FIRST_COLUMNS, read_summary
+
+STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]")
+RUN_START = "[normlab.sweep.task][INFO] - run dir: "  # the first line of each run of a job
 
 
 def parse_overrides(text: str) -> dict[str, str]:
@@ -38,6 +42,25 @@ def metrics_file(run_dir: Path) -> Path | None:
     return found[0] if found else None
 
 
+def earlier_runs_s(run_dir: Path) -> float:
+    """Seconds a job's earlier runs took, when it was stopped and resumed: from its train.log,
+    each run before the last from its 'run dir:' line to its last timestamped line (the time a
+    stopped run worked past its last line is not counted); 0 for a job that ran once."""
+    path = run_dir / "train.log"
+    if not path.is_file():
+        return 0.0
+    spans: list[list[pd.Timestamp]] = []
+    for line in path.read_text(errors="replace").splitlines():
+        stamp = STAMP.match(line)
+        if stamp is None:
+            continue
+        when = pd.Timestamp(stamp[1].replace(",", "."))
+        if RUN_START in line or not spans:
+            spans.append([when, when])
+        spans[-1][1] = when
+    return float(sum((end - start).total_seconds() for start, end in spans[:-1]))
+
+
 def read_metrics(run_dir: Path) -> pd.DataFrame:
     """All rows of a run's metrics.csv (empty frame when there is none)."""
     path = metrics_file(run_dir)
@@ -56,7 +79,7 @@ class Run:
     final: dict[str, float] = field(default_factory=dict)
     metrics: pd.DataFrame = field(default_factory=pd.DataFrame)
     error: str = ""
-    wall_time_s: float = math.nan
+    wall_time_s: float = math.nan  # all its runs' (a stopped and resumed job's too)
     reused: int = 0  # 1: an invocation found it finished with the same identity and kept it
     code_version: str = ""
 
@@ -153,7 +176,8 @@ def load_sweep(sweep_dir: str | Path, match: dict[str, str] | None = None) -> li
                 final=final,
                 metrics=read_metrics(run_dir),
                 error=row.get("error", ""),
-                wall_time_s=_float(row.get("wall_time_s", "")),
+                # the summary's wall time is its last run's: the earlier runs' are added
+                wall_time_s=_float(row.get("wall_time_s", "")) + earlier_runs_s(run_dir),
                 reused=int(row.get("reused") or 0),
                 code_version=row.get("code_version", ""),
             )
