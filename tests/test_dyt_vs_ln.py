@@ -125,3 +125,36 @@ def test_the_long_grids_test_the_recipe_against_each_base_that_ran():
     assert vs_rms.arms == (f"{d.LONG}/dyt_recipe", f"{d.LONG}/rmsnorm") and vs_rms.final
     without = d._long_claims(data[data["arm"] != f"{d.LONG}/rmsnorm"])
     assert [c.claim for c in without] == [f"{recipe} LayerNorm's"]
+
+
+def test_the_long_dit_is_held_to_layernorm_at_its_steps_with_each_norms_piloted_lr():
+    """dit_long: the patched DyT's fid_lenet against LayerNorm's at its steps, paired by seed;
+    the lr pilot's note gives each norm's lowest and says where dit_long runs another lr."""
+    rows = []
+    for seed in SEEDS:
+        for norm, fid, lr in (("layernorm", 10.0, 2e-3), ("dyt_patch", 10.5, 4e-3)):
+            a = f"{d.DIT_LONG}/{norm}"
+            rows += [(a, seed, 2400.0, "val/loss", 0.05), (a, seed, math.nan, d.LR, lr),
+                     (a, seed, math.nan, "final/fid_lenet", fid * (1 + 0.001 * seed))]  # fmt: skip
+    for norm, fids in (("layernorm", (11.0, 10.0, 10.5)), ("dyt_patch", (12.0, 11.0, 10.0))):
+        for lr, fid in zip((2e-3, 4e-3, 8e-3), fids, strict=True):
+            a = f"{d.DIT_LONG_LR}/{norm}/lr{lr:g}"
+            rows.append((a, 0, math.nan, "final/fid_lenet", fid))  # its lr: in its name
+    data = pd.DataFrame(rows, columns=["arm", "seed", "x", "metric", "value"])
+    (claim,) = d._dit_claims(data, d.DIT_LONG)
+    assert claim.claim == ("DiT, 2,400 steps: DyT, authors' DiT patch's fid_lenet is within "
+                           "+-10% of LayerNorm's")  # fmt: skip
+    assert claim.values == pytest.approx([1.05] * 3) and claim.verdict == HOLDS
+    assert claim.arms == (f"{d.DIT_LONG}/dyt_patch", f"{d.DIT_LONG}/layernorm") and claim.final
+    assert d._dit_claims(data, d.DIT) == []  # the dit grid's arms absent: no claim read
+    note = d._lr_pilot_note(data, d.DIT_LONG_LR, d.DIT_LONG, "lr pilot")
+    assert "LayerNorm: 0.002: 11.00; 0.004: 10.00; 0.008: 10.50; lowest at 0.004;" in note
+    assert "the dit_long grid runs it at 0.002, NOT the pilot's lowest (0.004)" in note
+    assert "lowest at 0.008 (the grid's edge); the dit_long grid runs it at 0.004, NOT" in note
+    fixed = data.copy()
+    fixed.loc[(fixed["arm"] == f"{d.DIT_LONG}/layernorm") & (fixed["metric"] == d.LR),
+              "value"] = 4e-3  # fmt: skip
+    assert "runs it at 0.004, the pilot's lowest" in d._lr_pilot_note(
+        fixed, d.DIT_LONG_LR, d.DIT_LONG, "lr pilot")  # fmt: skip
+    gated = d.render(pd.concat([_runs(0.001, 1.0, "s"), data], ignore_index=True)).gates
+    assert {g.arm for g in gated} >= {f"{d.DIT_LONG}/layernorm", f"{d.DIT_LONG}/dyt_patch"}

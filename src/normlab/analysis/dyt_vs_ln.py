@@ -8,7 +8,9 @@ share and the data order):
   apart for the attention-input, FFN-input and final norms, no DyT bias, an untied head, a
   learnable scalar on the embeddings) over a grid of attention and FFN/final alpha0;
 - recipe: that recipe at the pilot's best setting, over seeds, against the gpt grid's arms;
-- dit: the tiny adaLN-Zero DiT (experiment=dyt_vs_ln_dit) with the same three norms.
+- dit: the tiny adaLN-Zero DiT (experiment=dyt_vs_ln_dit) with the same three norms;
+- dit_long_lr (one seed), dit_long: LayerNorm and DyT with the authors' DiT patch 3x longer, each
+  norm's lr first piloted over a grid, as the authors tune it for both.
 A norm of the user's (`reproduce.py dyt_vs_ln --norm NAME --plugin MODULE`) is one more arm of
 the gpt and dit grids, held to DyT's margins against LayerNorm.
 
@@ -40,6 +42,9 @@ from normlab.analysis.stats import BELOW, Interval
 
 GPT, PILOT, DIT, DIT_PILOT = "gpt", "pilot", "dit", "dit_pilot"
 LONG = "long"  # LayerNorm and the recipe trained 5x longer than the gpt grid
+DIT_LONG, DIT_LONG_LR = "dit_long", "dit_long_lr"  # the DiT 3x longer, and its lr pilot
+DITS = (DIT, DIT_PILOT, DIT_LONG, DIT_LONG_LR)  # the DiT grids
+LR = "optim/lr"  # a DiT job's lr (its composed config's)
 NORMS = {"layernorm": "LayerNorm", "dyt": "DyT", "rmsnorm": "RMSNorm"}
 RECIPE = f"{GPT}/dyt_recipe"  # DyT with the authors' LLaMA recipe at the pilot's best alpha0s
 RECIPE_LABEL = "DyT, LLaMA recipe"
@@ -212,9 +217,10 @@ def extract(runs: list[Run]) -> pd.DataFrame:
     ln_seeds = [int(r.get("seed")) for r in runs if r.arm == f"{GPT}/layernorm"]
     for run in runs:
         a, seed = run.arm, int(run.get("seed"))
-        if a.startswith((DIT + "/", DIT_PILOT + "/")):
+        if a.startswith(tuple(g + "/" for g in DITS)):
             if run.status != "ok":
                 continue
+            rows.append((a, seed, math.nan, LR, float(run.setting("optim.optimizer.lr", "nan"))))
             loss = run.series("val/loss").drop_duplicates("step", keep="last")
             rows += [(a, seed, float(s + 1), "val/loss", float(v))
                      for s, v in zip(loss["step"], loss["val/loss"], strict=True)]  # fmt: skip
@@ -306,24 +312,39 @@ def _claims(data: pd.DataFrame) -> list[Claim]:
         for base, base_name in ((ln, "LayerNorm"), (rms, "RMSNorm")):
             claims.append(_loss_claim("GPT", name, mine, base_name, base,
                                       (a, f"{GPT}/{base_name.lower()}"), ""))  # fmt: skip
-    dit_ln = _final(data, f"{DIT}/layernorm", "final/fid_lenet")
-    for norm in arms_of(data, DIT):
+    claims += _dit_claims(data, DIT) + _dit_claims(data, DIT_LONG)
+    return claims + _long_claims(data) + _tanh_claims(data)
+
+
+def _dit_claims(data: pd.DataFrame, grid: str) -> list[Claim]:
+    """Each DiT arm of a grid (RMSNorm aside) against LayerNorm's fid_lenet, paired by seed;
+    the dit_long grid's claims name its steps."""
+    base, norms = f"{grid}/layernorm", arms_of(data, grid)
+    if grid != DIT and not norms:
+        return []
+    where, after = "DiT", ""
+    if grid != DIT:  # the grid's steps: its last val loss's step
+        x = data.loc[data["arm"].str.startswith(grid + "/") & (data["metric"] == "val/loss"), "x"]
+        steps = f"{x.max():,.0f} steps" if len(x) else "the long budget"
+        where, after = f"DiT, {steps}", f", after {steps}"
+    dit_ln, claims = _final(data, base, "final/fid_lenet"), []
+    for norm in norms:
         if norm in ("layernorm", "rmsnorm"):
             continue
-        pair = _paired(_final(data, f"{DIT}/{norm}", "final/fid_lenet"), dit_ln)
+        pair = _paired(_final(data, f"{grid}/{norm}", "final/fid_lenet"), dit_ln)
         claims.append(Claim(
-            f"DiT: {label(norm)}'s fid_lenet is within +-{FID_MARGIN:.0%} of LayerNorm's",
+            f"{where}: {label(norm)}'s fid_lenet is within +-{FID_MARGIN:.0%} of LayerNorm's",
             PAPER["dit"],
-            f"{label(norm)}'s val/fid_lenet / LayerNorm's (same seed)",
+            f"{label(norm)}'s val/fid_lenet / LayerNorm's (same seed){after}",
             list(pair["x"] / pair["y"]),
             (1 - FID_MARGIN, 1 + FID_MARGIN),
             log=True,
             source="ours",
             why=f"the paper reports matching FID; the +-{FID_MARGIN:.0%} band is ours",
-            arms=(f"{DIT}/{norm}", f"{DIT}/layernorm"),
+            arms=(f"{grid}/{norm}", base),
             final=True,
         ))  # fmt: skip
-    return claims + _long_claims(data) + _tanh_claims(data)
+    return claims
 
 
 def _steps(data: pd.DataFrame, arm: str) -> int:
@@ -465,14 +486,29 @@ def _pilot_panel(ax: plt.Axes, data: pd.DataFrame) -> None:
         ax.legend(fontsize=7)
 
 
-def _dit_pilot_note(data: pd.DataFrame) -> str:
-    """The DiT pilot: DyT with the authors' DiT patch (no zeros) at each lr, seed 0."""
-    rows = data[data["arm"].str.startswith(DIT_PILOT + "/") & (data["metric"] == "final/fid_lenet")]
-    if rows.empty:
-        return "DiT pilot (DyT, the authors' DiT patch, lr 1e-3/2e-3/4e-3): not run yet."
-    cells = "; ".join(f"{a.split('/lr')[1]}: {v:.2f}" for a, v in zip(rows["arm"], rows["value"],
-                                                                      strict=True))  # fmt: skip
-    return f"DiT pilot (DyT, the authors' DiT patch, seed 0; fid_lenet by lr): {cells}."
+def _lr_pilot_note(data: pd.DataFrame, pilot: str, grid: str, what: str) -> str:
+    """An lr pilot of the DiT (one seed): fid_lenet by lr per norm, the lowest (marked where it
+    is the grid's edge), and whether `grid`'s arm of that norm runs at it (its logged lr)."""
+    fid = data[data["arm"].str.startswith(pilot + "/") & (data["metric"] == "final/fid_lenet")]
+    if fid.empty:
+        return f"{what}: not run yet."
+    lr = data[data["metric"] == LR].groupby("arm")["value"].first()  # the grid's arms' lrs
+    parts = []
+    # dit_pilot's arms are dit_pilot/lr<lr> (DyT with the patch); dit_long_lr's <grid>/<norm>/lr<lr>
+    norm_of = fid["arm"].map(lambda a: a.split("/")[1] if a.count("/") == 2 else "dyt_patch")
+    named = fid["arm"].map(lambda a: float(a.rsplit("/lr", 1)[1]))
+    for norm, g in fid.assign(lr=named).groupby(norm_of, sort=False):
+        g = g.sort_values("lr")
+        cells = "; ".join(f"{r.lr:g}: {r.value:.2f}" for r in g.itertuples())
+        best = float(g.loc[g["value"].idxmin(), "lr"])
+        edge = " (the grid's edge)" if best in (g["lr"].min(), g["lr"].max()) else ""
+        text = f"{label(norm)}: {cells}; lowest at {best:g}{edge}"
+        runs = lr.get(f"{grid}/{norm}", math.nan)
+        if not math.isnan(runs):
+            same = "the pilot's lowest" if runs == best else f"NOT the pilot's lowest ({best:g})"
+            text += f"; the {grid} grid runs it at {runs:g}, {same}"
+        parts.append(text)
+    return f"{what} (seed 0; fid_lenet by lr): " + ". ".join(parts) + "."
 
 
 def _pilot_note(data: pd.DataFrame) -> str:
@@ -489,10 +525,17 @@ def _pilot_note(data: pd.DataFrame) -> str:
 
 
 def _dit_panel(ax: plt.Axes, data: pd.DataFrame) -> None:
+    """Each DiT arm's fid_lenet per seed: the dit grid's, then the dit_long grid's (each
+    norm in its dit grid's colour)."""
     norms = arms_of(data, DIT)
-    for i, norm in enumerate(norms):
-        _dots(ax, i, _final(data, f"{DIT}/{norm}", "final/fid_lenet"), f"C{i}", log=True)
-    ax.set_xticks(range(len(norms)), [label(n) for n in norms])
+    ticks = []
+    for grid, tag in ((DIT, ""), (DIT_LONG, "\n(long)")):
+        for norm in arms_of(data, grid):
+            color = f"C{norms.index(norm) if norm in norms else len(norms) + len(ticks)}"
+            values = _final(data, f"{grid}/{norm}", "final/fid_lenet")
+            _dots(ax, len(ticks), values, color, log=True)
+            ticks.append(label(norm) + tag)
+    ax.set_xticks(range(len(ticks)), ticks, fontsize=7)
     ax.set(ylabel="val/fid_lenet (lower is better)", title="tiny adaLN-Zero DiT, Fashion-MNIST")
 
 
@@ -571,18 +614,20 @@ def render(data: pd.DataFrame) -> Result:
         "their embeddings; ours start at N(0, 0.02), so 50 puts them at unit scale as theirs). "
         "The LayerNorm and RMSNorm baselines keep the GPT's own recipe, as in the paper.",
         _pilot_note(data),
-        _dit_pilot_note(data),
+        _lr_pilot_note(data, DIT_PILOT, DIT, "DiT lr pilot at the dit grid's budget"),
+        _lr_pilot_note(data, DIT_LONG_LR, DIT_LONG, "DiT lr pilot at the dit_long grid's budget"),
         "DiT: DyT keeps adaLN-Zero's zero init of the modulation and of the final layer; the "
-        "authors' DiT patch removes that init for DyT (model.net.zero_init=false) and tunes the "
-        "lr per model over 1e-4, 2e-4, 4e-4: the dit_pilot grid. The DiT's DyT has no affine "
-        "of its own "
-        "(as LayerNorm there: the condition's scale and shift), only alpha.",
+        "authors' DiT patch removes that init for DyT (model.net.zero_init=false). The authors "
+        "tune the lr of the LN and the DyT models alike, over 1e-4, 2e-4, 4e-4 (their README's "
+        "learning-rate fix serves both): here the dit_pilot grid (DyT, 800 steps) and the "
+        "dit_long_lr grid (both, 2,400 steps). The DiT's DyT has no affine of its own (as "
+        "LayerNorm there: the condition's scale and shift), only alpha.",
         "LN maps: every (input, output before the affine) pair of every channel and token of "
         f"{WINDOWS} validation batches through each LN layer of each trained LayerNorm GPT; the "
         "scatter shows a random sample plus the largest inputs. A tanh nests a line (b -> 0), "
         f"so u <= 1 by construction: the claim asks for u <= {TANH_GAIN:g}, and the second "
         "compares depths, which can go either way.",
     ]
-    grids = tuple(g + "/" for g in (GPT, PILOT, LONG, DIT, DIT_PILOT))
+    grids = tuple(g + "/" for g in (GPT, PILOT, LONG, *DITS))
     arms = sorted(a for a in data["arm"].unique() if a.startswith(grids))
     return Result(fig, _claims(data), notes, gates.gates(data, arms))
