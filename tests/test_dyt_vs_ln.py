@@ -148,7 +148,10 @@ def test_the_long_dit_is_held_to_layernorm_at_its_steps_with_each_norms_piloted_
     assert claim.arms == (f"{d.DIT_LONG}/dyt_patch", f"{d.DIT_LONG}/layernorm") and claim.final
     assert d._dit_claims(data, d.DIT) == []  # the dit grid's arms absent: no claim read
     note = d._lr_pilot_note(data, d.DIT_LONG_LR, d.DIT_LONG, "lr pilot")
-    assert "LayerNorm: 0.002: 11.00; 0.004: 10.00; 0.008: 10.50; lowest at 0.004;" in note
+    assert (
+        "(seed 0; fid_lenet by lr): LayerNorm: 0.002: 11.00; 0.004: 10.00; 0.008: 10.50; "
+        "lowest at 0.004;" in note
+    )
     assert "the dit_long grid runs it at 0.002, NOT the pilot's lowest (0.004)" in note
     assert "lowest at 0.008 (the grid's edge); the dit_long grid runs it at 0.004, NOT" in note
     fixed = data.copy()
@@ -156,5 +159,8 @@ def test_the_long_dit_is_held_to_layernorm_at_its_steps_with_each_norms_piloted_
               "value"] = 4e-3  # fmt: skip
     assert "runs it at 0.004, the pilot's lowest" in d._lr_pilot_note(
         fixed, d.DIT_LONG_LR, d.DIT_LONG, "lr pilot")  # fmt: skip
+    twice = pd.concat([data, data[data["arm"].str.startswith(d.DIT_LONG_LR)].assign(seed=1)])
+    note = d._lr_pilot_note(twice, d.DIT_LONG_LR, d.DIT_LONG, "lr pilot")  # --quick: 2 seeds
+    assert "(mean of seeds 0, 1; fid_lenet by lr): LayerNorm: 0.002: 11.00; 0.004: 10.00;" in note
     gated = d.render(pd.concat([_runs(0.001, 1.0, "s"), data], ignore_index=True)).gates
     assert {g.arm for g in gated} >= {f"{d.DIT_LONG}/layernorm", f"{d.DIT_LONG}/dyt_patch"}

@@ -498,7 +498,7 @@ def _lr_pilot_note(data: pd.DataFrame, pilot: str, grid: str, what: str) -> str:
     norm_of = fid["arm"].map(lambda a: a.split("/")[1] if a.count("/") == 2 else "dyt_patch")
     named = fid["arm"].map(lambda a: float(a.rsplit("/lr", 1)[1]))
     for norm, g in fid.assign(lr=named).groupby(norm_of, sort=False):
-        g = g.sort_values("lr")
+        g = g.groupby("lr", as_index=False)["value"].mean()  # one seed (more in --quick: mean)
         cells = "; ".join(f"{r.lr:g}: {r.value:.2f}" for r in g.itertuples())
         best = float(g.loc[g["value"].idxmin(), "lr"])
         edge = " (the grid's edge)" if best in (g["lr"].min(), g["lr"].max()) else ""
@@ -508,7 +508,9 @@ def _lr_pilot_note(data: pd.DataFrame, pilot: str, grid: str, what: str) -> str:
             same = "the pilot's lowest" if runs == best else f"NOT the pilot's lowest ({best:g})"
             text += f"; the {grid} grid runs it at {runs:g}, {same}"
         parts.append(text)
-    return f"{what} (seed 0; fid_lenet by lr): " + ". ".join(parts) + "."
+    seeds = sorted(set(fid["seed"].astype(int)))
+    which = f"seed {seeds[0]}" if len(seeds) == 1 else f"mean of seeds {', '.join(map(str, seeds))}"
+    return f"{what} ({which}; fid_lenet by lr): " + ". ".join(parts) + "."
 
 
 def _pilot_note(data: pd.DataFrame) -> str:
