@@ -93,22 +93,37 @@ def test_load_sweep_finds_the_run_dirs_of_a_sweep_moved_from_another_root(gn_swe
 
 
 def test_a_resumed_jobs_wall_time_counts_its_earlier_runs(gn_sweep: Path):
-    """summary.csv holds the last run's wall time; a job stopped and resumed adds its earlier
-    runs' spans from its train.log (run dir line to last line); a job run once keeps its own."""
+    """summary.csv holds the last run's wall time; a job stopped and resumed adds the runs its
+    last run resumed, from its train.log (run dir line to last line). Not added: an earlier job
+    run again from scratch in the dir (changed), invocations that reused it; a job run once
+    keeps its own."""
     log = gn_sweep / "1_norm=batchnorm,batch=2" / "train.log"
-    start = "[normlab.sweep.task][INFO] - run dir: x"
+
+    def at(t: str, text: str) -> str:
+        return f"[2026-01-01 {t},000]{text}"
+
+    run = "[normlab.sweep.task][INFO] - run dir: x"
     log.write_text("\n".join([
-        f"[2026-01-01 10:00:00,000]{start}",
-        "[2026-01-01 10:01:40,500][normlab.callbacks.progress][INFO] - epoch 1/2",
+        at("08:00:00", run),  # an earlier config's job, run again from scratch below
+        at("08:30:00", "[normlab.callbacks.progress][INFO] - epoch 1/1"),
+        at("09:59:00", "[normlab.sweep.jobs][INFO] - job [b=2] changed (config_hash): running"),
+        at("10:00:00", run),
+        at("10:01:40", "[normlab.callbacks.progress][INFO] - epoch 1/2"),
         "  a traceback line without a time",
-        "[2026-01-01 10:02:00,000][lightning][INFO] - Received SIGTERM: 15",
-        f"[2026-01-01 11:00:00,000]{start}",
-        "[2026-01-01 11:00:30,000][normlab.callbacks.progress][INFO] - epoch 2/2",
+        at("10:02:00", "[lightning][INFO] - Received SIGTERM: 15"),
+        at("11:00:00", run),
+        at("11:00:00", "[normlab.sweep.task][INFO] - job [b=2] was running: resuming from y"),
+        at("11:00:30", "[normlab.callbacks.progress][INFO] - epoch 2/2"),
+        at("12:00:00", "[normlab.sweep.jobs][INFO] - skipping finished job [b=2] (x)"),
+        at("12:00:01", run),  # a later invocation that found it finished
+        at("12:00:02", "[normlab.sweep.task][INFO] - objective"),
     ]) + "\n")  # fmt: skip
-    assert logs.earlier_runs_s(log.parent) == 120.0
+    assert logs.earlier_runs_s(log.parent) == 120.0  # 10:00-10:02 only
     runs = load_sweep(gn_sweep)
     assert pick(runs, norm="batchnorm", batch="2")[0].wall_time_s == pytest.approx(121.5)
     assert pick(runs, norm="batchnorm", batch="32")[0].wall_time_s == pytest.approx(1.5)
+    log.write_text("\n".join(log.read_text().splitlines()[:6]) + "\n")  # ran once: nothing
+    assert logs.earlier_runs_s(log.parent) == 0.0
 
 
 def test_load_sweep_filters_by_overrides(gn_sweep: Path):
@@ -408,6 +423,9 @@ def test_gn_batch_size_allconv_claims(bn_rise, gn_rise, verdicts):
     assert [c.source for c in claims] == ["ours", "ours", "paper"]
     assert "34.7" in rise.paper_number and "10.6 points lower" in lower.paper_number
     assert any(n.startswith("All-conv net") for n in result.notes)
+    # gates per arm and b only: allconv/batchnorm's '/b' is not a b
+    shown = {g.arm for g in result.gates if g.arm.startswith("allconv/")}
+    assert shown == {f"allconv/{n}/b{b}" for n in ("batchnorm", "groupnorm") for b in (32, 8, 2)}
     assert len(result.figure.axes) == 5
     panel = result.figure.axes[4]
     assert panel.get_title().startswith("all-conv net")

@@ -11,6 +11,7 @@ reads the run logs into runs.csv; `render` decides the claims from runs.csv alon
 from __future__ import annotations
 
 import math
+import re
 
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -55,6 +56,9 @@ def net(arm_: str) -> str:
 def gate_arm(arm_: str, b: float) -> str:
     """The gates' name of one arm at one b (the gates read one job per seed)."""
     return f"{arm_}/b{b:g}"
+
+
+GATE_ARM = re.compile(r"/b\d+$")  # a gate_arm name (not allconv/batchnorm's /b)
 
 
 def pilot_arm(arm_: str, epochs: float) -> str:
@@ -345,7 +349,9 @@ def render(data: pd.DataFrame) -> Result:
     if ran:
         allconv_budget = _budget(data, pilots["allconv"], "allconv")
         notes.append(f"{ALLCONV_NOTE} {_upper_first(allconv_budget)} for every b.")
-    arms = sorted({a for a in data["arm"].unique() if "/b" in a and not a.startswith(PILOT)})
+    arms = sorted(
+        {a for a in data["arm"].unique() if GATE_ARM.search(a) and not a.startswith(PILOT)}
+    )
     sections = {"Pilot: the budget at which b=32 converges": _pilot_section(pilots)}
     claims = _claims(err) + (_allconv_claims(allconv) if ran else [])
     return Result(fig, claims, notes, gates.gates(data, arms), sections)

@@ -19,6 +19,8 @@ from normlab.sweep.summary import FIRST_COLUMNS, read_summary
 
 STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]")
 RUN_START = "[normlab.sweep.task][INFO] - run dir: "  # the first line of each run of a job
+RESUMED = ": resuming from "  # normlab.sweep.task: this run continues the one before
+JOBS_LOG, SKIPPED = "[normlab.sweep.jobs]", "skipping finished job"  # before a run's first line
 
 
 def parse_overrides(text: str) -> dict[str, str]:
@@ -44,21 +46,35 @@ def metrics_file(run_dir: Path) -> Path | None:
 
 def earlier_runs_s(run_dir: Path) -> float:
     """Seconds a job's earlier runs took, when it was stopped and resumed: from its train.log,
-    each run before the last from its 'run dir:' line to its last timestamped line (the time a
-    stopped run worked past its last line is not counted); 0 for a job that ran once."""
+    each run its last run resumed (in a chain) from its 'run dir:' line to its last timestamped
+    line (the time a stopped run worked past its last line is not counted); 0 for a job that
+    ran once. Invocations that found it finished (reused) and an earlier job run again from
+    scratch in the same dir (its config or code changed) are not its runs."""
     path = run_dir / "train.log"
     if not path.is_file():
         return 0.0
-    spans: list[list[pd.Timestamp]] = []
+    runs: list[list] = []  # [start, end, kind]: kind fresh, resume or reuse
+    pending = "fresh"  # the kind normlab.sweep.jobs logged for the next run, before its run dir
     for line in path.read_text(errors="replace").splitlines():
         stamp = STAMP.match(line)
         if stamp is None:
             continue
+        if JOBS_LOG in line:
+            pending = "reuse" if SKIPPED in line else "fresh"
+            continue
         when = pd.Timestamp(stamp[1].replace(",", "."))
-        if RUN_START in line or not spans:
-            spans.append([when, when])
-        spans[-1][1] = when
-    return float(sum((end - start).total_seconds() for start, end in spans[:-1]))
+        if RUN_START in line or not runs:
+            runs.append([when, when, pending])
+            pending = "fresh"
+        runs[-1][1] = when
+        if RESUMED in line:
+            runs[-1][2] = "resume"
+    worked = [r for r in runs if r[2] != "reuse"]
+    total, i = 0.0, len(worked) - 1
+    while i > 0 and worked[i][2] == "resume":
+        total += (worked[i - 1][1] - worked[i - 1][0]).total_seconds()
+        i -= 1
+    return total
 
 
 def read_metrics(run_dir: Path) -> pd.DataFrame:
