@@ -320,12 +320,11 @@ def _dit_claims(data: pd.DataFrame, grid: str) -> list[Claim]:
     """Each DiT arm of a grid (RMSNorm aside) against LayerNorm's fid_lenet, paired by seed;
     the dit_long grid's claims name its steps."""
     base, norms = f"{grid}/layernorm", arms_of(data, grid)
-    if grid != DIT and not norms:
+    if not norms:
         return []
     where, after = "DiT", ""
-    if grid != DIT:  # the grid's steps: its last val loss's step
-        x = data.loc[data["arm"].str.startswith(grid + "/") & (data["metric"] == "val/loss"), "x"]
-        steps = f"{x.max():,.0f} steps" if len(x) else "the long budget"
+    if grid != DIT and "layernorm" in norms:  # the steps LayerNorm, the base, trained
+        steps = f"{_steps(data, base):,} steps"
         where, after = f"DiT, {steps}", f", after {steps}"
     dit_ln, claims = _final(data, base, "final/fid_lenet"), []
     for norm in norms:

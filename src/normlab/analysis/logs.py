@@ -15,12 +15,14 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from normlab.config import register_resolvers
+from normlab.sweep import jobs
 from normlab.sweep.summary import FIRST_COLUMNS, read_summary
 
 STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]")
-RUN_START = "[normlab.sweep.task][INFO] - run dir: "  # the first line of each run of a job
-RESUMED = ": resuming from "  # normlab.sweep.task: this run continues the one before
-JOBS_LOG, SKIPPED = "[normlab.sweep.jobs]", "skipping finished job"  # before a run's first line
+# the lines normlab.sweep logs as a job's run starts: its first line (normlab.sweep.task), this
+# run continuing the one before, and (normlab.sweep.jobs, before the run's first line) a reuse
+RUN_START, RESUMED = f" - {jobs.RUN_DIR}", f": {jobs.RESUMING}"
+JOBS_LOG, SKIPPED = f"[{jobs.log.name}]", jobs.SKIPPING
 
 
 def parse_overrides(text: str) -> dict[str, str]:

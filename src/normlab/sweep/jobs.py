@@ -26,6 +26,9 @@ from normlab.errors import RunDirError
 from normlab.sweep import identity, rundir, summary
 
 log = logging.getLogger(__name__)
+# What a job's train.log says as each run of it starts (normlab.analysis.logs reads its runs
+# from them): its run dir, that it resumes the run before, or, logged here, that it was reused.
+RUN_DIR, RESUMING, SKIPPING = "run dir: ", "resuming from ", "skipping finished job "
 OUTCOMES_ENV = "NORMLAB_SWEEP_OUTCOMES"  # the folder a multirun's jobs leave their status in
 
 
@@ -86,7 +89,7 @@ def start(config: DictConfig) -> Job:
                          summary.previous_row(sweep_dir, overrides))  # fmt: skip
     run_dir = Path(cfg.paths.output_dir)
     if job.reused:
-        log.info("skipping finished job [%s] (%s)", overrides, job.before["run_dir"])  # type: ignore[index]
+        log.info(SKIPPING + "[%s] (%s)", overrides, job.before["run_dir"])  # type: ignore[index]
         summary.update_row(sweep_dir, {**job.before, "reused": 1})  # type: ignore[dict-item]
         return job
     try:

@@ -39,7 +39,7 @@ def main(cfg: DictConfig, validated: bool = False) -> float | None:
     before torch loads)."""
     hc = _hydra()
     if not rundir.other_rank():
-        log.info("run dir: %s", run_dir(cfg).absolute())
+        log.info(jobs.RUN_DIR + "%s", run_dir(cfg).absolute())
     try:
         if hc is not None and hc.mode.name == "MULTIRUN":
             return _sweep_job(cfg)
@@ -108,7 +108,7 @@ def _resume_point(cfg: DictConfig, job: jobs.Job) -> dict[str, Any] | None:
         log.warning("job [%s]: %s; moved it to %s, running the job from scratch",
                     job.overrides, err, aside)  # fmt: skip
         return None
-    log.info("job [%s] was %s: resuming from %s", job.overrides, job.before["status"], last)  # type: ignore[index]
+    log.info("job [%s] was %s: " + jobs.RESUMING + "%s", job.overrides, job.before["status"], last)  # type: ignore[index]
     with open_dict(cfg):
         cfg.ckpt_path = LAST
     return checkpoint
