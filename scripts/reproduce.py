@@ -8,6 +8,9 @@
                                                    # training (each keeps its code version)
     python scripts/reproduce.py NAME --grids G,..  # run only these grids; their arms' rows
                                                    # replace those in the committed runs.csv
+    python scripts/reproduce.py NAME --grids G --subset KEY=V,..   # only the jobs at these
+                                                   # values of a swept key; only their rows
+                                                   # are replaced (a long grid over sessions)
     python scripts/reproduce.py NAME --norm X [--plugin MODULE]   # your norm as one more arm
     python scripts/reproduce.py all [--quick] [--jobs N]
     python scripts/reproduce.py --list
@@ -30,11 +33,14 @@ import shlex
 import signal
 import sys
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
 
 from normlab.analysis import report, sweep
+from normlab.analysis.logs import parse_overrides, same_value
 from normlab.analysis.readme import update_readme
 from normlab.analysis.reproductions import REPRODUCTIONS
 from normlab.analysis.sweep import Reproduction
@@ -183,14 +189,28 @@ def redraw(name: str, quick: bool, root: Path, norm: str | None = None) -> dict[
     )  # fmt: skip
 
 
-def _merge(new: pd.DataFrame, path: Path) -> pd.DataFrame:
-    """new's rows in place of the rows of the same arms in the file at path (if any)."""
+def _merge(new: pd.DataFrame, path: Path, jobs: Callable[[pd.DataFrame], pd.Series] | None = None
+           ) -> pd.DataFrame:  # fmt: skip
+    """new's rows in place of the rows of the same arms in the file at path (if any); with
+    `jobs` (old rows -> mask of the rows of the jobs that new ran again), only in place of
+    those rows of the same arms."""
     if not path.is_file():
         return new
     old = pd.read_csv(path, keep_default_na=False, na_values={"wall_time_s": [""], "x": [""],
                                                               "value": [""]})  # fmt: skip
-    kept = old[~old["arm"].isin(set(new["arm"]))]
+    replaced = old["arm"].isin(set(new["arm"]))
+    if jobs is not None:
+        replaced &= jobs(old)
+    kept = old[~replaced]
     return pd.concat([kept, new], ignore_index=True).sort_values(["arm", "seed"], kind="stable")
+
+
+def parse_subset(text: str) -> tuple[str, list[str]] | None:
+    """--subset KEY=V1,V2 -> (KEY, [V1, V2]); None if it is not of that form."""
+    key, sep, values = text.partition("=")
+    if not (key and sep and values) or "=" in values or "" in values.split(","):
+        return None
+    return key, values.split(",")
 
 
 def reproduce(
@@ -204,17 +224,22 @@ def reproduce(
     plugin: str | None = None,
     collect: bool = False,
     threads: int | None = None,
+    subset: tuple[str, list[str]] | None = None,
 ) -> Path:
     """Run one NAME's sweeps (reusing finished jobs) and write its figure, data and md. With
     `grids`, only those grids run and their arms' rows replace the same arms' rows in the
-    evidence already there (the other arms' rows kept as they are); with `norm`, the norm joins
-    the grids that compare norms (Reproduction.with_norm)."""
+    evidence already there (the other arms' rows kept as they are); with `subset` (KEY,
+    values), only their jobs at those values of KEY run, and only those jobs' rows are replaced
+    (Reproduction.job_rows); with `norm`, the norm joins the grids that compare norms
+    (Reproduction.with_norm)."""
     repro = REPRODUCTIONS[name]
     try:
         if norm:
             repro = repro.with_norm(norm, plugin)
         if grids:
             repro = repro.only(grids)
+        if subset:
+            repro = repro.narrow(*subset, quick)
     except ValueError as err:
         raise SystemExit(str(err)) from None
     if seeds is None:
@@ -237,12 +262,26 @@ def reproduce(
     data = repro.extract(runs)[report.RUNS_COLUMNS]
     job_rows = sweep.jobs_frame(runs)
     if grids:
-        data, job_rows = _merge(data, paths["runs"]), _merge(job_rows, paths["jobs"])
+        rows, ran = None, None
+        if subset:
+            rows = partial(repro.job_rows, key=subset[0], values=subset[1])
+            ran = partial(_jobs_at, key=subset[0], values=subset[1])
+        data, job_rows = _merge(data, paths["runs"], rows), _merge(job_rows, paths["jobs"], ran)
     data.to_csv(paths["runs"], index=False, float_format=report.FLOAT)
     job_rows.to_csv(paths["jobs"], index=False, float_format=report.FLOAT)
     paths = redraw(name, quick, root, norm)  # the md comes from the files, as --redraw makes it
     print(f"{name}: {seconds:.0f} s, wrote {paths['md']} (+ figure, data)", flush=True)
     return paths["md"]
+
+
+def _jobs_at(jobs: pd.DataFrame, key: str, values: list[str]) -> pd.Series:
+    """Which rows of a jobs.csv ran with `key` at one of `values` (from their overrides)."""
+
+    def at(overrides: str) -> bool:
+        value = parse_overrides(str(overrides)).get(key)
+        return any(same_value(value, v) for v in values)
+
+    return jobs["overrides"].map(at).astype(bool)
 
 
 def seeds_to_decide(claims_csv: Path, cap: int) -> int | None:
@@ -303,6 +342,11 @@ def main(argv: list[str] | None = None) -> None:
         help="comma-separated grids (or fixed arms, e.g. dit/layernorm) to run; their arms "
         "replace those in the evidence",
     )
+    parser.add_argument(
+        "--subset",
+        help="KEY=V,..: with --grids, run only the jobs at these values of a swept key (e.g. "
+        "per_device=2); only those jobs' rows replace the evidence's",
+    )
     parser.add_argument("--norm", help="a registered norm to add as an arm (norm=custom)")
     parser.add_argument(
         "--collect",
@@ -337,12 +381,20 @@ def main(argv: list[str] | None = None) -> None:
                      "--redraw")  # fmt: skip
     if (args.grids or args.norm) and args.name == "all":
         parser.error("--grids and --norm take one NAME, not 'all'")
+    if args.subset and not args.grids:
+        parser.error("--subset goes with --grids (the grids whose jobs it selects)")
+    if args.subset and (args.decide or args.redraw or args.norm):
+        parser.error("--subset selects jobs to run or collect: not with --decide, --redraw or "
+                     "--norm")  # fmt: skip
+    subset = parse_subset(args.subset) if args.subset else None
+    if args.subset and subset is None:
+        parser.error(f"--subset takes KEY=VALUE[,VALUE...], got {args.subset!r}")
     grids = [g for g in args.grids.split(",") if g] if args.grids else None
     names = list(REPRODUCTIONS) if args.name == "all" else [args.name]
     interrupt = Interrupt()
     before = signal.signal(signal.SIGINT, interrupt)
     try:
-        _run(args, names, grids, interrupt)
+        _run(args, names, grids, interrupt, subset)
     except (KeyboardInterrupt, SystemExit, RuntimeError) as err:
         if not (interrupt.requested or isinstance(err, KeyboardInterrupt)):
             raise
@@ -352,7 +404,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _run(args: argparse.Namespace, names: list[str], grids: list[str] | None,
-         interrupt: Interrupt) -> None:  # fmt: skip
+         interrupt: Interrupt, subset: tuple[str, list[str]] | None = None) -> None:  # fmt: skip
     start, failed = time.time(), []
     for name in names:
         if interrupt.requested:
@@ -365,7 +417,7 @@ def _run(args: argparse.Namespace, names: list[str], grids: list[str] | None,
                 decide(name, args.quick, args.jobs, args.root.resolve(), grids, args.threads)
             else:
                 reproduce(name, args.quick, args.jobs, args.root.resolve(), args.seeds, grids,
-                          args.norm, args.plugin, args.collect, args.threads)  # fmt: skip
+                          args.norm, args.plugin, args.collect, args.threads, subset)  # fmt: skip
         except (SystemExit, RuntimeError) as err:
             if args.name != "all" or interrupt.requested:
                 raise

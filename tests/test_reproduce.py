@@ -408,6 +408,73 @@ def test_grids_option_replaces_only_its_arms_in_the_evidence(tmp_path):
     assert script._merge(new, tmp_path / "absent.csv") is new
 
 
+def test_subset_runs_part_of_a_grid_as_the_grids_own_jobs():
+    """--subset per_device=2: the grid's command with that value in place of its sweep, so its
+    jobs carry the full grid's overrides in the full grid's order (their identity); values not
+    in the grid, keys it does not sweep and reproductions without job_rows are refused."""
+    repro, full = REPRODUCTIONS["gn_batch_size"], REPRODUCTIONS["gn_batch_size"].full
+    (grid,) = repro.only(["allconv/bn"]).narrow("per_device", ["2"], quick=False).grids
+    assert sweep.grid_values(grid, full, False, 3) == {"per_device": ["2"], "seed": ["0", "1", "2"]}
+    (pilot,) = repro.only(["pilot/allconv/bn"]).narrow("trainer.max_epochs", ["32"], False).grids
+    declared = repro.only(["pilot/allconv/bn"]).grids[0].all_overrides(full, False)
+    narrowed = pilot.all_overrides(full, False)
+    assert [o.partition("=")[0] for o in narrowed] == [o.partition("=")[0] for o in declared]
+    assert "trainer.max_epochs=32" in narrowed
+    with pytest.raises(ValueError, match="per_device=3 is not among grid allconv/bn's values"):
+        repro.only(["allconv/bn"]).narrow("per_device", ["3"], False)
+    with pytest.raises(ValueError, match="grid pilot/bn .* does not sweep per_device"):
+        repro.narrow("per_device", ["2"], False)
+    with pytest.raises(ValueError, match="job_rows"):
+        REPRODUCTIONS["ln_rnn"].narrow("seed", ["0"], False)
+
+
+def test_hydra_keeps_a_sweep_keys_place_when_the_command_line_narrows_it():
+    """What --subset's job identity rests on: the basic sweeper puts a key given again on the
+    command line where the experiment's sweeper params put it, so the jobs' overrides (their
+    key in summary.csv) read as the full grid's."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parse = OverridesParser.create().parse_overrides
+    full = ["per_device=32,8,2", "norm=batchnorm", "arm=a", "seed=0"]
+    (jobs,) = BasicSweeper.split_arguments(parse(full), None)
+    (narrowed,) = BasicSweeper.split_arguments(parse([*full, "per_device=2"]), None)
+    assert narrowed == [job for job in jobs if job[0] == "per_device=2"]
+
+
+def test_subset_replaces_only_the_rows_of_the_jobs_it_ran(tmp_path):
+    """gn_batch_size's job_rows: per_device=2's rows are its x=2 rows and its /b2 gate arm's; a
+    subset's merge keeps the other b's rows of the same arm, in runs.csv and in jobs.csv."""
+    path = tmp_path / "runs.csv"
+    old = pd.DataFrame({
+        "arm": ["bn", "bn", "bn/b32", "bn/b2", "gn"], "seed": [0] * 5,
+        "x": [32.0, 2.0, 10.0, 10.0, 2.0],
+        "metric": ["test/error", "test/error", "gate/train_loss", "gate/train_loss", "test/error"],
+        "value": [1.0, 2.0, 3.0, 4.0, 5.0],
+    })  # fmt: skip
+    old.to_csv(path, index=False)
+    new = pd.DataFrame({"arm": ["bn", "bn/b2"], "seed": [0, 0], "x": [2.0, 10.0],
+                        "metric": ["test/error", "gate/train_loss"],
+                        "value": [20.0, 40.0]})  # fmt: skip
+    job_rows = REPRODUCTIONS["gn_batch_size"].job_rows
+    rows = script.partial(job_rows, key="per_device", values=["2"])
+    merged = script._merge(new, path, rows)
+    assert sorted(zip(merged["arm"], merged["value"], strict=True)) == [
+        ("bn", 1.0), ("bn", 20.0), ("bn/b2", 40.0), ("bn/b32", 3.0), ("gn", 5.0)
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="per_device or trainer.max_epochs"):
+        job_rows(old, "seed", ["0"])
+    jobs_path = tmp_path / "jobs.csv"
+    jobs = pd.DataFrame({"arm": ["bn", "bn"], "seed": [0, 0],
+                         "overrides": ["per_device=32 seed=0", "per_device=2 seed=0"]})  # fmt: skip
+    jobs.to_csv(jobs_path, index=False)
+    rerun = pd.DataFrame({"arm": ["bn"], "seed": [0], "overrides": ["per_device=2 seed=0"]})
+    ran = script.partial(script._jobs_at, key="per_device", values=["2"])
+    assert list(script._merge(rerun, jobs_path, ran)["overrides"]) == [
+        "per_device=32 seed=0", "per_device=2 seed=0"
+    ]  # fmt: skip
+
+
 def test_norm_and_grids_options_are_checked_before_any_work(tmp_path):
     done = reproduce("ln_rnn", "--norm", "meanonly", root=tmp_path)
     assert done.returncode != 0 and "fixed arms" in done.stderr
@@ -415,6 +482,13 @@ def test_norm_and_grids_options_are_checked_before_any_work(tmp_path):
     assert done.returncode != 0 and "no grid or arm nope" in done.stderr
     done = reproduce("dyt_vs_ln", "--plugin", "examples.my_norm", root=tmp_path)
     assert done.returncode != 0 and "--plugin goes with --norm" in done.stderr
+    done = reproduce("gn_batch_size", "--subset", "per_device=2", root=tmp_path)
+    assert done.returncode != 0 and "--subset goes with --grids" in done.stderr
+    done = reproduce("gn_batch_size", "--grids", "allconv/bn", "--subset", "per_device",
+                     root=tmp_path)  # fmt: skip
+    assert done.returncode != 0 and "--subset takes KEY=VALUE" in done.stderr
+    done = reproduce("gn_batch_size", "--grids", "gn", "--subset", "per_device=3", root=tmp_path)
+    assert done.returncode != 0 and "per_device=3 is not among grid gn's values" in done.stderr
     assert not (tmp_path / "outputs" / "reproduce").exists()
 
 

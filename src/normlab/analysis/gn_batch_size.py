@@ -66,6 +66,22 @@ def pilot_arm(arm_: str, epochs: float) -> str:
     return f"{arm_}/e{epochs:g}"
 
 
+JOB_SUFFIX = {"per_device": "b", "trainer.max_epochs": "e"}  # gate_arm's, pilot_arm's
+
+
+def job_rows(data: pd.DataFrame, key: str, values: list[str]) -> pd.Series:
+    """Which runs.csv rows came from the jobs at one of `values` of `key` (per_device in the b
+    grids, trainer.max_epochs in the pilots): an arm's rows at x in values, and the gate rows
+    of the gate arms (or pilot arms) named for one of them."""
+    if key not in JOB_SUFFIX:
+        raise ValueError(f"gn_batch_size: --subset selects per_device or trainer.max_epochs, "
+                         f"got {key}")  # fmt: skip
+    wanted = [float(v) for v in values]
+    gate = data["metric"].str.startswith("gate/")
+    named = data["arm"].str.extract(rf"/{JOB_SUFFIX[key]}(\d+)$")[0].astype(float)
+    return (~gate & data["x"].astype(float).isin(wanted)) | (gate & named.isin(wanted))
+
+
 def extract(runs: list[Run]) -> pd.DataFrame:
     """Per job: test error (%) at its images per device (x), its final training loss and its
     gates' rows (under gate_arm); a pilot job: at its epochs (x), test error and final train

@@ -85,6 +85,9 @@ class Reproduction:
     prepare: Callable[[Path], None] | None = None  # makes files the jobs read (run from REPO)
     # measures more of the finished jobs (runs, parallel jobs, REPO), before extract reads them
     finish: Callable[[list[Run], int, Path], None] | None = None
+    # which runs.csv rows came from the jobs whose swept key took one of the values (data, key,
+    # values -> mask): `reproduce.py NAME --subset KEY=V,..` replaces only those jobs' rows
+    job_rows: Callable[[pd.DataFrame, str, list[str]], pd.Series] | None = None
     # grids whose arms are norms: `reproduce.py NAME --norm X` adds X as an arm of each
     norm_grids: tuple[str, ...] = ()
     initial_seeds: int = 3  # seeds run first
@@ -103,6 +106,26 @@ class Reproduction:
             raise ValueError(f"{self.name}: no grid or arm {', '.join(unknown)}; its grids: "
                              f"{known}")  # fmt: skip
         return replace(self, grids=tuple(g for g in self.grids if {g.name, g.arm} & set(names)))
+
+    def narrow(self, key: str, values: list[str], quick: bool) -> Reproduction:
+        """The same reproduction with the swept `key` run at only `values`, each among every
+        grid's own values for it (a session's share of a long grid); anything else is an error.
+        Its jobs are the grid's own: the same overrides, so the same identity and run dirs."""
+        if self.job_rows is None:
+            raise ValueError(f"{self.name}: --subset needs its analysis to say which rows a job "
+                             "wrote (job_rows in its conf/reproduce yaml)")  # fmt: skip
+        grids = []
+        for g in self.grids:
+            declared = grid_values(g, self.budget(quick), quick).get(key)
+            if declared is None or len(declared) < 2:
+                raise ValueError(f"{self.name}: grid {g.name or 'main'} ({g.arm}) does not sweep "
+                                 f"{key}")  # fmt: skip
+            extra = [v for v in values if not any(same_value(v, d) for d in declared)]
+            if extra:
+                raise ValueError(f"{self.name}: {key}={','.join(extra)} is not among grid "
+                                 f"{g.name or 'main'}'s values {','.join(declared)}")  # fmt: skip
+            grids.append(replace(g, overrides=(*g.overrides, f"{key}={','.join(values)}")))
+        return replace(self, grids=tuple(grids))
 
     def with_norm(self, norm: str, plugin: str | None) -> Reproduction:
         """The same reproduction with a registered norm (a user's, from module `plugin`) as one
@@ -156,7 +179,8 @@ def load(path: Path) -> Reproduction:
         grids += [arm_grid(base, arm, tuple(o)) for arm, o in g["arms"].items()]
     budgets = {k: Budget(tuple(b.get("overrides", ())), b["text"])
                for k, b in spec["budgets"].items()}  # fmt: skip
-    hooks = {k: _function(spec[k], spec["analysis"]) for k in ("prepare", "finish") if k in spec}
+    hooks = {k: _function(spec[k], spec["analysis"])
+             for k in ("prepare", "finish", "job_rows") if k in spec}  # fmt: skip
     return Reproduction(
         name=path.stem,
         title=spec["title"],
