@@ -205,8 +205,11 @@ def _merge(new: pd.DataFrame, path: Path, jobs: Callable[[pd.DataFrame], pd.Seri
     return pd.concat([kept, new], ignore_index=True).sort_values(["arm", "seed"], kind="stable")
 
 
+Subset = list[tuple[str, list[str]]]  # --subset's (KEY, values), one per option
+
+
 def parse_subset(text: str) -> tuple[str, list[str]] | None:
-    """--subset KEY=V1,V2 -> (KEY, [V1, V2]); None if it is not of that form."""
+    """One --subset KEY=V1,V2 -> (KEY, [V1, V2]); None if it is not of that form."""
     key, sep, values = text.partition("=")
     if not (key and sep and values) or "=" in values or "" in values.split(","):
         return None
@@ -224,26 +227,26 @@ def reproduce(
     plugin: str | None = None,
     collect: bool = False,
     threads: int | None = None,
-    subset: tuple[str, list[str]] | None = None,
+    subset: Subset | None = None,
 ) -> Path:
     """Run one NAME's sweeps (reusing finished jobs) and write its figure, data and md. With
     `grids`, only those grids run and their arms' rows replace the same arms' rows in the
-    evidence already there (the other arms' rows kept as they are); with `subset` (KEY,
-    values), only their jobs at those values of KEY run, and only those jobs' rows are replaced
-    (Reproduction.job_rows); with `norm`, the norm joins the grids that compare norms
-    (Reproduction.with_norm)."""
+    evidence already there (the other arms' rows kept as they are); with `subset` ((KEY,
+    values), ...), only their jobs at those values of every KEY run, and only those jobs' rows
+    are replaced (Reproduction.job_rows; seed: the rows of those seeds); with `norm`, the norm
+    joins the grids that compare norms (Reproduction.with_norm)."""
     repro = REPRODUCTIONS[name]
+    if seeds is None:
+        seeds = default_seeds(quick, name)
     try:
         if norm:
             repro = repro.with_norm(norm, plugin)
         if grids:
             repro = repro.only(grids)
-        if subset:
-            repro = repro.narrow(*subset, quick)
+        for key, values in subset or ():
+            repro = repro.narrow(key, values, quick, seeds)
     except ValueError as err:
         raise SystemExit(str(err)) from None
-    if seeds is None:
-        seeds = default_seeds(quick, name)
     took = None if quick or grids or norm or collect else estimate(name, jobs)
     if took:
         print(f"{name}: {took}; finished jobs are reused", flush=True)
@@ -262,10 +265,8 @@ def reproduce(
     data = repro.extract(runs)[report.RUNS_COLUMNS]
     job_rows = sweep.jobs_frame(runs)
     if grids:
-        rows, ran = None, None
-        if subset:
-            rows = partial(repro.job_rows, key=subset[0], values=subset[1])
-            ran = partial(_jobs_at, key=subset[0], values=subset[1])
+        rows = partial(_rows_at, repro.job_rows, subset=subset) if subset else None
+        ran = partial(_jobs_at, subset=subset) if subset else None
         data, job_rows = _merge(data, paths["runs"], rows), _merge(job_rows, paths["jobs"], ran)
     data.to_csv(paths["runs"], index=False, float_format=report.FLOAT)
     job_rows.to_csv(paths["jobs"], index=False, float_format=report.FLOAT)
@@ -274,12 +275,22 @@ def reproduce(
     return paths["md"]
 
 
-def _jobs_at(jobs: pd.DataFrame, key: str, values: list[str]) -> pd.Series:
-    """Which rows of a jobs.csv ran with `key` at one of `values` (from their overrides)."""
+def _rows_at(job_rows: Callable | None, data: pd.DataFrame, subset: Subset) -> pd.Series:
+    """Which rows of a runs.csv came from the jobs at the subset's values of every key: the
+    analysis says which for a swept key (job_rows), a row's seed for seed."""
+    mask = pd.Series(True, index=data.index)
+    for key, values in subset:
+        at = data["seed"].isin([int(v) for v in values]) if key == "seed" else None
+        mask &= at if at is not None else job_rows(data, key=key, values=values)
+    return mask
+
+
+def _jobs_at(jobs: pd.DataFrame, subset: Subset) -> pd.Series:
+    """Which rows of a jobs.csv ran at the subset's values of every key (their overrides)."""
 
     def at(overrides: str) -> bool:
-        value = parse_overrides(str(overrides)).get(key)
-        return any(same_value(value, v) for v in values)
+        given = parse_overrides(str(overrides))
+        return all(any(same_value(given.get(k), v) for v in values) for k, values in subset)
 
     return jobs["overrides"].map(at).astype(bool)
 
@@ -344,8 +355,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--subset",
+        action="append",
         help="KEY=V,..: with --grids, run only the jobs at these values of a swept key (e.g. "
-        "per_device=2); only those jobs' rows replace the evidence's",
+        "per_device=2, or seed=0,1); only those jobs' rows replace the evidence's; repeat it "
+        "for more keys",
     )
     parser.add_argument("--norm", help="a registered norm to add as an arm (norm=custom)")
     parser.add_argument(
@@ -386,9 +399,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.subset and (args.decide or args.redraw or args.norm):
         parser.error("--subset selects jobs to run or collect: not with --decide, --redraw or "
                      "--norm")  # fmt: skip
-    subset = parse_subset(args.subset) if args.subset else None
-    if args.subset and subset is None:
-        parser.error(f"--subset takes KEY=VALUE[,VALUE...], got {args.subset!r}")
+    subset = [parse_subset(text) for text in args.subset or ()]
+    for text, parsed in zip(args.subset or (), subset, strict=True):
+        if parsed is None:
+            parser.error(f"--subset takes KEY=VALUE[,VALUE...], got {text!r}")
+    if len({key for key, _ in subset}) < len(subset):  # type: ignore[misc]
+        parser.error("--subset: one option per key")
     grids = [g for g in args.grids.split(",") if g] if args.grids else None
     names = list(REPRODUCTIONS) if args.name == "all" else [args.name]
     interrupt = Interrupt()
@@ -404,7 +420,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _run(args: argparse.Namespace, names: list[str], grids: list[str] | None,
-         interrupt: Interrupt, subset: tuple[str, list[str]] | None = None) -> None:  # fmt: skip
+         interrupt: Interrupt, subset: Subset | None = None) -> None:  # fmt: skip
     start, failed = time.time(), []
     for name in names:
         if interrupt.requested:

@@ -425,7 +425,16 @@ def test_subset_runs_part_of_a_grid_as_the_grids_own_jobs():
     with pytest.raises(ValueError, match="grid pilot/bn .* does not sweep per_device"):
         repro.narrow("per_device", ["2"], False)
     with pytest.raises(ValueError, match="job_rows"):
-        REPRODUCTIONS["ln_rnn"].narrow("seed", ["0"], False)
+        REPRODUCTIONS["ln_rnn"].narrow("norm", ["layernorm"], False)
+    # seed: any reproduction, among the seeds each grid runs (a grid's own count first)
+    seeds = repro.only(["allconv/bn", "pilot/allconv/bn"]).narrow("seed", ["0"], False, 3).grids
+    assert [sweep.seed_override(g.seed_count(3, False), g.only_seeds) for g in seeds] == [
+        ("seed=0",), ("seed=0",)
+    ]  # fmt: skip
+    (two,) = repro.only(["allconv/bn"]).narrow("seed", ["1", "2"], False, 3).grids
+    assert sweep.grid_values(two, full, False, 3)["seed"] == ["1", "2"]
+    with pytest.raises(ValueError, match="grid pilot/allconv/bn runs seeds 0..0"):
+        repro.only(["pilot/allconv/bn"]).narrow("seed", ["1"], False, 3)
 
 
 def test_hydra_keeps_a_sweep_keys_place_when_the_command_line_narrows_it():
@@ -457,7 +466,7 @@ def test_subset_replaces_only_the_rows_of_the_jobs_it_ran(tmp_path):
                         "metric": ["test/error", "gate/train_loss"],
                         "value": [20.0, 40.0]})  # fmt: skip
     job_rows = REPRODUCTIONS["gn_batch_size"].job_rows
-    rows = script.partial(job_rows, key="per_device", values=["2"])
+    rows = script.partial(script._rows_at, job_rows, subset=[("per_device", ["2"])])
     merged = script._merge(new, path, rows)
     assert sorted(zip(merged["arm"], merged["value"], strict=True)) == [
         ("bn", 1.0), ("bn", 20.0), ("bn/b2", 40.0), ("bn/b32", 3.0), ("gn", 5.0)
@@ -469,10 +478,22 @@ def test_subset_replaces_only_the_rows_of_the_jobs_it_ran(tmp_path):
                          "overrides": ["per_device=32 seed=0", "per_device=2 seed=0"]})  # fmt: skip
     jobs.to_csv(jobs_path, index=False)
     rerun = pd.DataFrame({"arm": ["bn"], "seed": [0], "overrides": ["per_device=2 seed=0"]})
-    ran = script.partial(script._jobs_at, key="per_device", values=["2"])
+    ran = script.partial(script._jobs_at, subset=[("per_device", ["2"])])
     assert list(script._merge(rerun, jobs_path, ran)["overrides"]) == [
         "per_device=32 seed=0", "per_device=2 seed=0"
     ]  # fmt: skip
+    # seed: a row's seed, with the other keys' rows (a subset of b=2's seeds keeps seed 1's)
+    old["seed"] = [0, 1, 0, 1, 0]
+    old.to_csv(path, index=False)
+    both = script.partial(script._rows_at, job_rows,
+                          subset=[("per_device", ["2"]), ("seed", ["0"])])  # fmt: skip
+    merged = script._merge(new, path, both)
+    assert sorted(zip(merged["arm"], merged["seed"], merged["value"], strict=True)) == [
+        ("bn", 0, 1.0), ("bn", 0, 20.0), ("bn", 1, 2.0), ("bn/b2", 0, 40.0), ("bn/b2", 1, 4.0),
+        ("bn/b32", 0, 3.0), ("gn", 0, 5.0)
+    ]  # fmt: skip
+    ran = script.partial(script._jobs_at, subset=[("per_device", ["2"]), ("seed", ["1"])])
+    assert list(ran(jobs)) == [False, False]
 
 
 def test_norm_and_grids_options_are_checked_before_any_work(tmp_path):
@@ -489,6 +510,11 @@ def test_norm_and_grids_options_are_checked_before_any_work(tmp_path):
     assert done.returncode != 0 and "--subset takes KEY=VALUE" in done.stderr
     done = reproduce("gn_batch_size", "--grids", "gn", "--subset", "per_device=3", root=tmp_path)
     assert done.returncode != 0 and "per_device=3 is not among grid gn's values" in done.stderr
+    done = reproduce("gn_batch_size", "--grids", "gn", "--subset", "seed=3", root=tmp_path)
+    assert done.returncode != 0 and "seed=3: grid gn runs seeds 0..2" in done.stderr
+    done = reproduce("gn_batch_size", "--grids", "gn", "--subset", "seed=0", "--subset", "seed=1",
+                     root=tmp_path)  # fmt: skip
+    assert done.returncode != 0 and "one option per key" in done.stderr
     assert not (tmp_path / "outputs" / "reproduce").exists()
 
 

@@ -48,6 +48,7 @@ class Grid:
     quick: tuple[str, ...] = ()
     seeds: int | None = None  # its own seed count under the full budget, whatever --seeds says
     arm: str = ""  # the arm its jobs run as (`arm=` in overrides; may interpolate swept keys)
+    only_seeds: tuple[int, ...] = ()  # run only these of its seeds (--subset seed=..); all if ()
 
     def seed_count(self, seeds: int | None, quick: bool) -> int | None:
         """How many seeds the grid runs: its own count under the full budget, else --seeds'
@@ -107,10 +108,16 @@ class Reproduction:
                              f"{known}")  # fmt: skip
         return replace(self, grids=tuple(g for g in self.grids if {g.name, g.arm} & set(names)))
 
-    def narrow(self, key: str, values: list[str], quick: bool) -> Reproduction:
+    def narrow(
+        self, key: str, values: list[str], quick: bool, seeds: int | None = None
+    ) -> Reproduction:
         """The same reproduction with the swept `key` run at only `values`, each among every
         grid's own values for it (a session's share of a long grid); anything else is an error.
-        Its jobs are the grid's own: the same overrides, so the same identity and run dirs."""
+        Its jobs are the grid's own: the same overrides, so the same identity and run dirs.
+        `seed` narrows the seeds each grid runs (of `seeds`, or its own count)."""
+        if key == "seed":
+            grids = tuple(_seeds_of(g, values, quick, seeds) for g in self.grids)
+            return replace(self, grids=grids)
         if self.job_rows is None:
             raise ValueError(f"{self.name}: --subset needs its analysis to say which rows a job "
                              "wrote (job_rows in its conf/reproduce yaml)")  # fmt: skip
@@ -144,6 +151,18 @@ class Reproduction:
             for g in firsts.values()
         )  # fmt: skip
         return replace(self, grids=self.grids + added)
+
+
+def _seeds_of(g: Grid, values: list[str], quick: bool, seeds: int | None) -> Grid:
+    """The grid running only the seeds `values`, each one of those it runs."""
+    count = g.seed_count(seeds, quick)
+    if count is None:
+        raise ValueError(f"grid {g.name or 'main'} runs no seeds")
+    wanted = [int(v) for v in values if v.isdigit()]
+    if len(wanted) < len(values) or any(s >= count for s in wanted):
+        raise ValueError(f"seed={','.join(values)}: grid {g.name or 'main'} runs seeds "
+                         f"0..{count - 1}")  # fmt: skip
+    return replace(g, only_seeds=tuple(wanted))
 
 
 def _own(g: Grid) -> tuple[str, ...]:
@@ -203,13 +222,14 @@ def declared(conf: Path = DECLARED) -> dict[str, Reproduction]:
     return {p.stem: load(p) for p in paths}
 
 
-def seed_override(seeds: int | None) -> tuple[str, ...]:
-    """seed=0,1,...,n-1 (a sweep over n seeds); nothing for a reproduction without seeds."""
+def seed_override(seeds: int | None, only: tuple[int, ...] = ()) -> tuple[str, ...]:
+    """seed=0,1,...,n-1 (a sweep over n seeds), or those of them in `only`; nothing for a
+    reproduction without seeds."""
     if seeds is None:
         return ()
     if seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
-    return (f"seed={','.join(str(s) for s in range(seeds))}",)
+    return (f"seed={','.join(str(s) for s in range(seeds) if not only or s in only)}",)
 
 
 def sweep_dir(root: Path, name: str, quick: bool, grid: str = "") -> Path:
@@ -278,7 +298,7 @@ def run(
     start = time.time()
     for g in repro.grids:
         sweep = sweep_dir(root, repro.name, quick, g.name).resolve()
-        seeded = seed_override(g.seed_count(seeds, quick))
+        seeded = seed_override(g.seed_count(seeds, quick), g.only_seeds)
         cmd = command(g, repro.budget(quick), quick, sweep, jobs, seeded)
         log("+ " + " ".join(cmd))
         done = subprocess.run(cmd, cwd=REPO, env=env)
@@ -297,7 +317,7 @@ def grid_values(
     conf = OmegaConf.load(repo / "conf" / "experiment" / f"{g.experiment}.yaml")
     params = OmegaConf.select(conf, "hydra.sweeper.params", default=None) or {}
     values = {str(k): _values(str(v)) for k, v in params.items()}
-    extra = " ".join((*g.all_overrides(budget, quick), *seed_override(seeds)))
+    extra = " ".join((*g.all_overrides(budget, quick), *seed_override(seeds, g.only_seeds)))
     for key, value in parse_overrides(extra).items():
         if key in values or _is_sweep(value):
             values[key] = _values(value)
