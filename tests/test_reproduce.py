@@ -123,11 +123,24 @@ def test_gn_batch_size_allconv_is_the_same_recipe_on_the_all_conv_net(
                    f"per_device={per_device}"], tmp_path)  # fmt: skip
     assert HydraConfig.get().sweeper.params.per_device == "32,8,2"
     assert cfg.batch == 8 * per_device and cfg.norm.ghost_batch == per_device
-    assert cfg.optim.optimizer.lr == pytest.approx(lr) and cfg.trainer.max_epochs == 2
+    assert cfg.optim.optimizer.lr == pytest.approx(lr)
     assert cfg.optim.warmup_steps == 12800 // cfg.batch and cfg.optim.schedule == "cosine"
     assert cfg.model.net._target_ == "normlab.models.allconv.AllConvNet"
     assert set(cfg.model.net) == {"_target_", "norm_layer", "channels", "num_classes"}
     assert instantiate(cfg.model.net).features.norm6.ghost_batch == per_device
+
+
+@pytest.mark.parametrize("net", ["lenet", "allconv"])
+def test_gn_batch_size_trains_each_net_for_its_committed_pilots_budget(compose, tmp_path, net):
+    """Each net's experiment trains every b for the budget its pilot picks in the committed
+    runs.csv (the fewest epochs at which BN and GN, and LN on LeNet, pass the converged gate)."""
+    from normlab.analysis import gn_batch_size
+
+    data = pd.read_csv(REPO / "outputs" / "figures" / "gn_batch_size" / "runs.csv")
+    picked = gn_batch_size.pilot_epochs(gn_batch_size.pilot(data, net))
+    experiment = {"lenet": "gn_batch_size", "allconv": "gn_batch_size_allconv"}[net]
+    cfg = compose([f"experiment={experiment}"], tmp_path)
+    assert cfg.trainer.max_epochs == picked
 
 
 def test_ln_placement_warmup_grid_ties_the_data_order_to_the_seed(compose, tmp_path):
