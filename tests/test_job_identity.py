@@ -64,12 +64,17 @@ def test_a_changed_experiment_yaml_reruns_the_finished_job(tmp_path: Path):
     yaml.write_text(text.replace("    lr: 0.1 ", "    lr: 0.05 "))
     out = run()  # one value changed: the same overrides, another job
     assert "skipping finished job" not in out
-    assert "changed (config_hash, code_version): running it again" in out
+    assert "changed (config_hash): running it again" in out
     assert metrics.stat().st_mtime_ns != mtime
     third = _summary(sweep)
     assert third["reused"] == "0" and third["status"] == "ok"
     assert third["config_hash"] != first["config_hash"]
-    assert third["code_version"] != first["code_version"]
+    assert third["code_version"] == first["code_version"]  # the same code: only its config moved
+
+    other = repo / "conf" / "experiment" / "gn_batch_size.yaml"  # a file this job never composes
+    other.write_text(other.read_text() + "\n# a note\n")
+    out = run()
+    assert "skipping finished job" in out and _summary(sweep)["reused"] == "1"
 
 
 def test_config_hash_ignores_the_run_dir_and_sees_every_value(compose, tmp_path: Path):
@@ -87,18 +92,14 @@ def test_config_hash_ignores_what_a_run_shows_while_it_trains(compose, tmp_path,
     assert identity.config_hash(compose(["trainer.max_epochs=2"], tmp_path)) not in hashes
 
 
-def test_code_version_covers_training_code_and_conf_but_not_analysis(tmp_path, monkeypatch):
+def test_code_version_covers_training_code_but_not_analysis_or_sweep(monkeypatch, tmp_path):
     src = Path(shutil.copytree(identity.SRC, tmp_path / "normlab"))
-    conf = Path(shutil.copytree(REPO / "conf", tmp_path / "conf"))
     monkeypatch.setattr(identity, "SRC", src)
-    before = identity.code_version(conf)
-    with open(src / "analysis" / "report.py", "a") as f:
-        f.write("\n# a figure's wording\n")
-    assert identity.code_version(conf) == before  # analysis never runs inside a job
+    before = identity.code_version()
+    for part in ("analysis/report.py", "sweep/summary.py"):
+        with open(src / part, "a") as f:
+            f.write("\n# a figure's wording, a sweep's bookkeeping\n")
+    assert identity.code_version() == before  # neither runs what a job computes
     with open(src / "norms" / "batchnorm.py", "a") as f:
         f.write("\n# a change\n")
-    after_src = identity.code_version(conf)
-    assert after_src != before
-    with open(conf / "norm" / "batchnorm.yaml", "a") as f:
-        f.write("\n# a change\n")
-    assert identity.code_version(conf) != after_src
+    assert identity.code_version() != before

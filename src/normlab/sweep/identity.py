@@ -1,7 +1,9 @@
 """What a sweep job is: its fully resolved config and the version of normlab's code.
 
 A finished job is reused only when both match the earlier run's (normlab.sweep.jobs): a changed
-experiment yaml, override or default and a changed line of training code all rerun it.
+experiment yaml, override or default (through the resolved config) and a changed line of training
+code all rerun it. conf/ itself is not hashed: a job's config is what reaches it, so an edit of a
+file the job never composes (another experiment's yaml, a comment) leaves it finished.
 """
 
 from __future__ import annotations
@@ -20,9 +22,6 @@ SRC = Path(normlab.__file__).resolve().parent
 # their sweep records (sweep/), or never runs inside a job (analysis/): editing it must not rerun
 # finished jobs.
 NOT_TRAINING_CODE = ("analysis", "sweep")
-# Config that never reaches a job: the reproductions' declarations (a job's own config records
-# what it ran).
-NOT_TRAINING_CONF = ("reproduce",)
 # Keys that say where a job writes or reads, how it was started, what it shows while it runs
 # or where its memory comes from, not what it computes.
 NOT_IDENTITY = ("paths", "ckpt_path", "overwrite", "progress", "keep_heap")
@@ -44,24 +43,18 @@ def config_hash(cfg: DictConfig) -> str:
     return _digest(text)
 
 
-def code_version(conf_dir: Path | None) -> str:
-    """A hash of normlab's training code (src/normlab without NOT_TRAINING_CODE) and of conf/
-    (without NOT_TRAINING_CONF): each file's path below its root and its contents."""
-    roots = [(SRC, "src"), *([(Path(conf_dir), "conf")] if conf_dir else [])]
+def code_version() -> str:
+    """A hash of normlab's training code: each file of src/normlab without NOT_TRAINING_CODE, by
+    its path below src/normlab and its contents."""
     hasher = hashlib.sha256()
-    for root, label in roots:
-        for path in sorted(root.rglob("*")):
-            rel = path.relative_to(root)
-            if not path.is_file() or "__pycache__" in rel.parts:
-                continue
-            if label == "src" and rel.parts[0] in NOT_TRAINING_CODE:
-                continue
-            if label == "conf" and rel.parts[0] in NOT_TRAINING_CONF:
-                continue
-            if path.suffix not in (".py", ".yaml", ".cpp"):
-                continue
-            hasher.update(f"{label}/{rel.as_posix()}\0".encode())
-            hasher.update(path.read_bytes() + b"\0")
+    for path in sorted(SRC.rglob("*")):
+        rel = path.relative_to(SRC)
+        if not path.is_file() or "__pycache__" in rel.parts or rel.parts[0] in NOT_TRAINING_CODE:
+            continue
+        if path.suffix not in (".py", ".yaml", ".cpp"):
+            continue
+        hasher.update(f"src/{rel.as_posix()}\0".encode())
+        hasher.update(path.read_bytes() + b"\0")
     return hasher.hexdigest()[:16]
 
 

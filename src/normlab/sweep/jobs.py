@@ -84,7 +84,7 @@ def start(config: DictConfig) -> Job:
     hc, cfg = config.hydra, _task_config(config)
     overrides, sweep_dir = " ".join(hc.overrides.task), Path(hc.sweep.dir)
     ident = {"config_hash": identity.config_hash(cfg),
-             "code_version": identity.code_version(identity.hydra_conf_dir())}  # fmt: skip
+             "code_version": identity.code_version()}  # fmt: skip
     job = _current = Job(hc.job.num, overrides, sweep_dir, ident,
                          summary.previous_row(sweep_dir, overrides))  # fmt: skip
     run_dir = Path(cfg.paths.output_dir)
