@@ -233,7 +233,7 @@ def reproduce(
     `grids`, only those grids run and their arms' rows replace the same arms' rows in the
     evidence already there (the other arms' rows kept as they are); with `subset` ((KEY,
     values), ...), only their jobs at those values of every KEY run, and only those jobs' rows
-    are replaced (Reproduction.job_rows; seed: the rows of those seeds); with `norm`, the norm
+    are replaced (Reproduction.rows_at); with `norm`, the norm
     joins the grids that compare norms (Reproduction.with_norm)."""
     repro = REPRODUCTIONS[name]
     if seeds is None:
@@ -265,7 +265,7 @@ def reproduce(
     data = repro.extract(runs)[report.RUNS_COLUMNS]
     job_rows = sweep.jobs_frame(runs)
     if grids:
-        rows = partial(_rows_at, repro.job_rows, subset=subset) if subset else None
+        rows = partial(repro.rows_at, subset=subset) if subset else None
         ran = partial(_jobs_at, subset=subset) if subset else None
         data, job_rows = _merge(data, paths["runs"], rows), _merge(job_rows, paths["jobs"], ran)
     data.to_csv(paths["runs"], index=False, float_format=report.FLOAT)
@@ -273,16 +273,6 @@ def reproduce(
     paths = redraw(name, quick, root, norm)  # the md comes from the files, as --redraw makes it
     print(f"{name}: {seconds:.0f} s, wrote {paths['md']} (+ figure, data)", flush=True)
     return paths["md"]
-
-
-def _rows_at(job_rows: Callable | None, data: pd.DataFrame, subset: Subset) -> pd.Series:
-    """Which rows of a runs.csv came from the jobs at the subset's values of every key: the
-    analysis says which for a swept key (job_rows), a row's seed for seed."""
-    mask = pd.Series(True, index=data.index)
-    for key, values in subset:
-        at = data["seed"].isin([int(v) for v in values]) if key == "seed" else None
-        mask &= at if at is not None else job_rows(data, key=key, values=values)
-    return mask
 
 
 def _jobs_at(jobs: pd.DataFrame, subset: Subset) -> pd.Series:

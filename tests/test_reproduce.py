@@ -478,8 +478,9 @@ def test_subset_replaces_only_the_rows_of_the_jobs_it_ran(tmp_path):
     new = pd.DataFrame({"arm": ["bn", "bn/b2"], "seed": [0, 0], "x": [2.0, 10.0],
                         "metric": ["test/error", "gate/train_loss"],
                         "value": [20.0, 40.0]})  # fmt: skip
-    job_rows = REPRODUCTIONS["gn_batch_size"].job_rows
-    rows = script.partial(script._rows_at, job_rows, subset=[("per_device", ["2"])])
+    repro = REPRODUCTIONS["gn_batch_size"]
+    job_rows = repro.job_rows
+    rows = script.partial(repro.rows_at, subset=[("per_device", ["2"])])
     merged = script._merge(new, path, rows)
     assert sorted(zip(merged["arm"], merged["value"], strict=True)) == [
         ("bn", 1.0), ("bn", 20.0), ("bn/b2", 40.0), ("bn/b32", 3.0), ("gn", 5.0)
@@ -498,8 +499,7 @@ def test_subset_replaces_only_the_rows_of_the_jobs_it_ran(tmp_path):
     # seed: a row's seed, with the other keys' rows (a subset of b=2's seeds keeps seed 1's)
     old["seed"] = [0, 1, 0, 1, 0]
     old.to_csv(path, index=False)
-    both = script.partial(script._rows_at, job_rows,
-                          subset=[("per_device", ["2"]), ("seed", ["0"])])  # fmt: skip
+    both = script.partial(repro.rows_at, subset=[("per_device", ["2"]), ("seed", ["0"])])
     merged = script._merge(new, path, both)
     assert sorted(zip(merged["arm"], merged["seed"], merged["value"], strict=True)) == [
         ("bn", 0, 1.0), ("bn", 0, 20.0), ("bn", 1, 2.0), ("bn/b2", 0, 40.0), ("bn/b2", 1, 4.0),

@@ -53,20 +53,23 @@ def net(arm_: str) -> str:
     return "allconv" if arm_ in ALLCONV or arm_.startswith(ALLCONV_PILOT) else "lenet"
 
 
+# The suffix naming a job's gate rows after the value of the key its grid sweeps: gate_arm's
+# (a b grid's per_device) and pilot_arm's (a pilot's trainer.max_epochs); job_rows reads them.
+JOB_SUFFIX = {"per_device": "b", "trainer.max_epochs": "e"}
+
+
 def gate_arm(arm_: str, b: float) -> str:
     """The gates' name of one arm at one b (the gates read one job per seed)."""
-    return f"{arm_}/b{b:g}"
+    return f"{arm_}/{JOB_SUFFIX['per_device']}{b:g}"
 
 
-GATE_ARM = re.compile(r"/b\d+$")  # a gate_arm name (not allconv/batchnorm's /b)
+# a gate_arm name (not allconv/batchnorm's /b)
+GATE_ARM = re.compile(rf"/{JOB_SUFFIX['per_device']}\d+$")
 
 
 def pilot_arm(arm_: str, epochs: float) -> str:
     """The gates' name of one pilot job (one norm at one budget)."""
-    return f"{arm_}/e{epochs:g}"
-
-
-JOB_SUFFIX = {"per_device": "b", "trainer.max_epochs": "e"}  # gate_arm's, pilot_arm's
+    return f"{arm_}/{JOB_SUFFIX['trainer.max_epochs']}{epochs:g}"
 
 
 def job_rows(data: pd.DataFrame, key: str, values: list[str]) -> pd.Series:

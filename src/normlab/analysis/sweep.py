@@ -14,7 +14,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -133,6 +133,17 @@ class Reproduction:
                                  f"{g.name or 'main'}'s values {','.join(declared)}")  # fmt: skip
             grids.append(replace(g, overrides=(*g.overrides, f"{key}={','.join(values)}")))
         return replace(self, grids=tuple(grids))
+
+    def rows_at(self, data: pd.DataFrame, subset: Sequence[tuple[str, list[str]]]) -> pd.Series:
+        """Which rows of a runs.csv came from the jobs `narrow` keeps for every (key, values) of
+        `subset`: a row's seed for seed, the analysis's job_rows for a swept key."""
+        mask = pd.Series(True, index=data.index)
+        for key, values in subset:
+            if key == "seed":
+                mask &= data["seed"].isin([int(v) for v in values])
+            else:
+                mask &= self.job_rows(data, key, values)  # type: ignore[misc]  # narrow checked
+        return mask
 
     def with_norm(self, norm: str, plugin: str | None) -> Reproduction:
         """The same reproduction with a registered norm (a user's, from module `plugin`) as one
