@@ -162,5 +162,10 @@ def test_the_long_dit_is_held_to_layernorm_at_its_steps_with_each_norms_piloted_
     twice = pd.concat([data, data[data["arm"].str.startswith(d.DIT_LONG_LR)].assign(seed=1)])
     note = d._lr_pilot_note(twice, d.DIT_LONG_LR, d.DIT_LONG, "lr pilot")  # --quick: 2 seeds
     assert "(mean of seeds 0, 1; fid_lenet by lr): LayerNorm: 0.002: 11.00; 0.004: 10.00;" in note
+    logged = pd.DataFrame(
+        [(f"{d.DIT_LONG_LR}/layernorm/lr0.002", 0, 800.0, "val/loss", 0.06)], columns=data.columns
+    )  # the pilot's steps: its last val loss's
+    note = d._lr_pilot_note(pd.concat([data, logged]), d.DIT_LONG_LR, d.DIT_LONG, "lr pilot")
+    assert "(seed 0, 800 steps; the dit_long grid trains 2,400; fid_lenet by lr)" in note
     gated = d.render(pd.concat([_runs(0.001, 1.0, "s"), data], ignore_index=True)).gates
     assert {g.arm for g in gated} >= {f"{d.DIT_LONG}/layernorm", f"{d.DIT_LONG}/dyt_patch"}

@@ -9,8 +9,9 @@ share and the data order):
   learnable scalar on the embeddings) over a grid of attention and FFN/final alpha0;
 - recipe: that recipe at the pilot's best setting, over seeds, against the gpt grid's arms;
 - dit: the tiny adaLN-Zero DiT (experiment=dyt_vs_ln_dit) with the same three norms;
-- dit_long_lr (one seed), dit_long: LayerNorm and DyT with the authors' DiT patch 3x longer, each
-  norm's lr first piloted over a grid, as the authors tune it for both.
+- dit_long_lr (one seed, 3x the dit grid's steps), dit_long (9x): LayerNorm and DyT with the
+  authors' DiT patch trained longer, each norm's lr first piloted over a grid, as the authors
+  tune it for both.
 A norm of the user's (`reproduce.py dyt_vs_ln --norm NAME --plugin MODULE`) is one more arm of
 the gpt and dit grids, held to DyT's margins against LayerNorm.
 
@@ -42,7 +43,7 @@ from normlab.analysis.stats import BELOW, Interval
 
 GPT, PILOT, DIT, DIT_PILOT = "gpt", "pilot", "dit", "dit_pilot"
 LONG = "long"  # LayerNorm and the recipe trained 5x longer than the gpt grid
-DIT_LONG, DIT_LONG_LR = "dit_long", "dit_long_lr"  # the DiT 3x longer, and its lr pilot
+DIT_LONG, DIT_LONG_LR = "dit_long", "dit_long_lr"  # the DiT trained longer, and its lr pilot
 DITS = (DIT, DIT_PILOT, DIT_LONG, DIT_LONG_LR)  # the DiT grids
 LR = "optim/lr"  # a DiT job's lr (its composed config's)
 NORMS = {"layernorm": "LayerNorm", "dyt": "DyT", "rmsnorm": "RMSNorm"}
@@ -509,7 +510,18 @@ def _lr_pilot_note(data: pd.DataFrame, pilot: str, grid: str, what: str) -> str:
         parts.append(text)
     seeds = sorted(set(fid["seed"].astype(int)))
     which = f"seed {seeds[0]}" if len(seeds) == 1 else f"mean of seeds {', '.join(map(str, seeds))}"
+    steps, grid_steps = _last_step(data, pilot + "/"), _last_step(data, grid + "/")
+    if steps:
+        which += f", {steps:,} steps"
+        if grid_steps and grid_steps != steps:
+            which += f"; the {grid} grid trains {grid_steps:,}"
     return f"{what} ({which}; fid_lenet by lr): " + ". ".join(parts) + "."
+
+
+def _last_step(data: pd.DataFrame, prefix: str) -> int | None:
+    """The last val-loss step of the arms named `prefix`... (None when none logged one)."""
+    x = data.loc[data["arm"].str.startswith(prefix) & (data["metric"] == "val/loss"), "x"]
+    return int(x.max()) if len(x) else None
 
 
 def _pilot_note(data: pd.DataFrame) -> str:
@@ -615,8 +627,8 @@ def render(data: pd.DataFrame) -> Result:
         "their embeddings; ours start at N(0, 0.02), so 50 puts them at unit scale as theirs). "
         "The LayerNorm and RMSNorm baselines keep the GPT's own recipe, as in the paper.",
         _pilot_note(data),
-        _lr_pilot_note(data, DIT_PILOT, DIT, "DiT lr pilot at the dit grid's budget"),
-        _lr_pilot_note(data, DIT_LONG_LR, DIT_LONG, "DiT lr pilot at the dit_long grid's budget"),
+        _lr_pilot_note(data, DIT_PILOT, DIT, "DiT lr pilot for the dit grid"),
+        _lr_pilot_note(data, DIT_LONG_LR, DIT_LONG, "DiT lr pilot for the dit_long grid"),
         "DiT: DyT keeps adaLN-Zero's zero init of the modulation and of the final layer; the "
         "authors' DiT patch removes that init for DyT (model.net.zero_init=false). The authors "
         "tune the lr of the LN and the DyT models alike, over 1e-4, 2e-4, 4e-4 (their README's "
