@@ -437,6 +437,31 @@ def test_gn_batch_size_allconv_claims(bn_rise, gn_rise, verdicts):
     assert lenet.values == []
 
 
+def test_gn_batch_size_compares_only_jobs_that_trained_the_same_epochs():
+    """A grid landing a share at a time: b=32 already at the pilot's 32 epochs, b=8 and b=2
+    still at the old 2. A claim across the two budgets is not comparable (its gap would measure
+    the budget); one within a budget is read; one arm's seeds at two budgets are not read."""
+
+    def at(run: Run, epochs: str) -> Run:
+        return replace(run, overrides={**run.overrides, "trainer.max_epochs": epochs})
+
+    runs = [at(r, "32" if r.get("per_device") == "32" else "2") for r in _allconv_runs(6.0, 0.2)]
+    result = gn_batch_size.render(gn_batch_size.extract(runs))
+    rise, flat, lower = [c for c in result.claims if c.claim.startswith("all-conv net: ")]
+    assert rise.verdict == ("not comparable: its jobs trained different epochs "
+                            "(allconv/batchnorm/b32: 32; allconv/batchnorm/b2: 2)")  # fmt: skip
+    assert flat.verdict.startswith("not comparable") and lower.verdict == stats.HOLDS
+    runs = [at(r, "32") if r.get("seed") == "2" and r.get("per_device") == "2" else r
+            for r in runs]  # fmt: skip
+    lower = gn_batch_size.render(gn_batch_size.extract(runs)).claims[-1]
+    assert lower.claim.startswith("all-conv net: GN's error is lower")
+    assert lower.verdict == (
+        "not comparable: its jobs trained different epochs "
+        "(allconv/batchnorm/b2: 2, 32; allconv/groupnorm/b2: 2, 32)"
+    )
+    plt.close("all")
+
+
 def test_gn_batch_size_without_allconv_jobs_has_no_allconv_claims_or_panel():
     runs = [_gn_run(norm, b, seed, 10.0 + seed) for norm in ("batchnorm", "groupnorm")
             for b in (32, 2) for seed in range(3)]  # fmt: skip

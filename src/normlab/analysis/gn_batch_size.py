@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -311,6 +312,23 @@ def _precise_claims(err: dict[str, pd.DataFrame]) -> list[Claim]:
     return claims
 
 
+def _epochs_by_gate_arm(data: pd.DataFrame) -> dict[str, set[float]]:
+    """The epochs each gate arm's jobs (one arm at one b, over seeds) trained, pilots aside."""
+    rows = data[(data["metric"] == EPOCHS) & ~data["arm"].str.startswith(PILOT)].dropna()
+    return {gate_arm(a, b): set(g["value"]) for (a, b), g in rows.groupby(["arm", "x"])}
+
+
+def _comparable(claim: Claim, epochs: dict[str, set[float]]) -> Claim:
+    """The claim as it is where its arms' jobs all trained the same epochs (as the paper trains
+    every b), else not comparable: a grid landing a share at a time (--subset) can hold jobs at
+    an old budget beside jobs at the pilot's, and their gap would measure the budget."""
+    trained = {a: epochs[a] for a in claim.arms if a in epochs}
+    if len(set().union(*trained.values())) < 2 or claim.precluded:
+        return claim
+    said = "; ".join(f"{a}: {', '.join(f'{e:g}' for e in sorted(v))}" for a, v in trained.items())
+    return replace(claim, precluded=f"not comparable: its jobs trained different epochs ({said})")
+
+
 def _mean_ci(table: pd.DataFrame) -> tuple[list[int], list[float], list[float]]:
     """b values, mean error and CI half-width per b."""
     bs = sorted(table.columns, reverse=True)
@@ -373,6 +391,8 @@ def render(data: pd.DataFrame) -> Result:
     )
     sections = {"Pilot: the budget at which b=32 converges": _pilot_section(pilots)}
     claims = _claims(err) + (_allconv_claims(allconv) if ran else [])
+    epochs = _epochs_by_gate_arm(data)
+    claims = [_comparable(c, epochs) for c in claims]
     return Result(fig, claims, notes, gates.gates(data, arms), sections)
 
 
