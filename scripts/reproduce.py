@@ -44,9 +44,11 @@ from normlab.analysis.logs import parse_overrides, same_value
 from normlab.analysis.readme import update_readme
 from normlab.analysis.reproductions import REPRODUCTIONS
 from normlab.analysis.sweep import Reproduction
+from normlab.sweep.summary import file_lock
 
 REPO = Path(__file__).resolve().parents[1]
 QUICK_SEEDS = 2  # --quick: the least that gives an interval
+EVIDENCE_LOCK = ".evidence.lock"  # in NAME's sweep dir: held while its evidence is merged
 
 
 def default_seeds(quick: bool, name: str) -> int:
@@ -263,16 +265,32 @@ def reproduce(
     paths = report.evidence_paths(sweep.figures_dir(root, quick), evidence_name(name, norm))
     paths["runs"].parent.mkdir(parents=True, exist_ok=True)
     data = repro.extract(runs)[report.RUNS_COLUMNS]
-    job_rows = sweep.jobs_frame(runs)
-    if grids:
-        rows = partial(repro.rows_at, subset=subset) if subset else None
-        ran = partial(_jobs_at, subset=subset) if subset else None
-        data, job_rows = _merge(data, paths["runs"], rows), _merge(job_rows, paths["jobs"], ran)
-    data.to_csv(paths["runs"], index=False, float_format=report.FLOAT)
-    job_rows.to_csv(paths["jobs"], index=False, float_format=report.FLOAT)
-    paths = redraw(name, quick, root, norm)  # the md comes from the files, as --redraw makes it
+    rows = partial(repro.rows_at, subset=subset) if subset else None
+    ran = partial(_jobs_at, subset=subset) if subset else None
+    land = partial(land_evidence, data, sweep.jobs_frame(runs), paths, bool(grids), rows, ran)
+    with file_lock(sweep.sweep_dir(root, name, quick) / EVIDENCE_LOCK):
+        land()
+        paths = redraw(name, quick, root, norm)  # the md from the files, as --redraw makes it
     print(f"{name}: {seconds:.0f} s, wrote {paths['md']} (+ figure, data)", flush=True)
     return paths["md"]
+
+
+def land_evidence(
+    data: pd.DataFrame,
+    jobs: pd.DataFrame,
+    paths: dict[str, Path],
+    merge: bool,
+    rows: Callable[[pd.DataFrame], pd.Series] | None = None,
+    ran: Callable[[pd.DataFrame], pd.Series] | None = None,
+) -> None:
+    """Write runs.csv and jobs.csv; with `merge` (--grids), the rows in place of the same arms'
+    (of the same jobs' with `rows` and `ran`: --subset) in the files there. Called under NAME's
+    EVIDENCE_LOCK: two reproduce processes of one NAME on different --grids (a core each) read,
+    merge and write the same files when they finish, one at a time."""
+    if merge:
+        data, jobs = _merge(data, paths["runs"], rows), _merge(jobs, paths["jobs"], ran)
+    data.to_csv(paths["runs"], index=False, float_format=report.FLOAT)
+    jobs.to_csv(paths["jobs"], index=False, float_format=report.FLOAT)
 
 
 def _jobs_at(jobs: pd.DataFrame, subset: Subset) -> pd.Series:

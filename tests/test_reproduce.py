@@ -424,6 +424,42 @@ def test_grids_option_replaces_only_its_arms_in_the_evidence(tmp_path):
     assert script._merge(new, tmp_path / "absent.csv") is new
 
 
+def test_two_processes_merging_one_evidence_keep_each_others_rows(tmp_path, monkeypatch):
+    """Two reproduce processes on different --grids of one NAME finish together: each merges its
+    arm under the NAME's evidence lock, so neither writes over the other's rows (without the
+    lock both read the old file, and the later write loses the earlier's arm)."""
+    import threading
+
+    from normlab.sweep.summary import file_lock
+
+    paths = {"runs": tmp_path / "runs.csv", "jobs": tmp_path / "jobs.csv"}
+    frame = {"seed": [0], "x": [None], "metric": ["m"], "value": [1.0]}
+    pd.DataFrame({"arm": ["old"], **frame}).to_csv(paths["runs"], index=False)
+    pd.DataFrame({"arm": ["old"], "seed": [0]}).to_csv(paths["jobs"], index=False)
+    merge = script._merge
+
+    def slow_merge(*args, **kwargs):  # both read before either writes, unless serialized
+        merged = merge(*args, **kwargs)
+        time.sleep(0.3)
+        return merged
+
+    monkeypatch.setattr(script, "_merge", slow_merge)
+    lock = tmp_path / script.EVIDENCE_LOCK
+
+    def land(arm: str) -> None:
+        with file_lock(lock):
+            jobs = pd.DataFrame({"arm": [arm], "seed": [0]})
+            script.land_evidence(pd.DataFrame({"arm": [arm], **frame}), jobs, paths, True)
+
+    threads = [threading.Thread(target=land, args=(arm,)) for arm in ("bn", "gn")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(pd.read_csv(paths["runs"])["arm"]) == ["bn", "gn", "old"]
+    assert sorted(pd.read_csv(paths["jobs"])["arm"]) == ["bn", "gn", "old"]
+
+
 def test_subset_runs_part_of_a_grid_as_the_grids_own_jobs():
     """--subset per_device=2: the grid's command with that value in place of its sweep, so its
     jobs carry the full grid's overrides in the full grid's order (their identity); values not
