@@ -462,6 +462,16 @@ def test_gn_batch_size_compares_only_jobs_that_trained_the_same_epochs():
     plt.close("all")
 
 
+def test_gn_batch_size_with_one_allconv_norm_run_reads_its_own_claim_only():
+    """A share of one norm's all-conv grid on a fresh root (the README's --grids allconv/bn
+    --subset per_device=2): BN's rise is read, the comparisons with GN have no values."""
+    runs = [r for r in _allconv_runs(6.0, 0.2) if r.arm != "allconv/groupnorm"]
+    result = gn_batch_size.render(gn_batch_size.extract(runs))
+    rise, flat, lower = [c for c in result.claims if c.claim.startswith("all-conv net: ")]
+    assert rise.values == pytest.approx([6.0] * 3) and flat.values == lower.values == []
+    plt.close("all")
+
+
 def test_gn_batch_size_without_allconv_jobs_has_no_allconv_claims_or_panel():
     runs = [_gn_run(norm, b, seed, 10.0 + seed) for norm in ("batchnorm", "groupnorm")
             for b in (32, 2) for seed in range(3)]  # fmt: skip

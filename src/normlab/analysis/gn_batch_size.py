@@ -192,7 +192,9 @@ def _gn_flat(gn: pd.DataFrame, b: int, arm_: str = "groupnorm", net: str = "") -
 def _gn_below_bn(bn: pd.DataFrame, gn: pd.DataFrame, arms: tuple[str, str] = ("batchnorm",
                  "groupnorm"), net: str = "") -> Claim:  # fmt: skip
     """BN's error minus GN's at b=2, paired by seed, above 0."""
-    both = pd.concat([bn.get(SMALL), gn.get(SMALL)], axis=1).dropna() if SMALL in bn else None
+    both = (
+        pd.concat([bn[SMALL], gn[SMALL]], axis=1).dropna() if SMALL in bn and SMALL in gn else None
+    )
     return Claim(
         f"{net}GN's error is lower than BN's at b={SMALL}",
         f"GN {PAPER_GN[2]}% vs BN {PAPER_BN[2]}% ({PAPER_BN[2] - PAPER_GN[2]:.1f} points lower)",
