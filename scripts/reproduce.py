@@ -267,9 +267,8 @@ def reproduce(
     data = repro.extract(runs)[report.RUNS_COLUMNS]
     rows = partial(repro.rows_at, subset=subset) if subset else None
     ran = partial(_jobs_at, subset=subset) if subset else None
-    land = partial(land_evidence, data, sweep.jobs_frame(runs), paths, bool(grids), rows, ran)
     with file_lock(sweep.sweep_dir(root, name, quick) / EVIDENCE_LOCK):
-        land()
+        land_evidence(data, sweep.jobs_frame(runs), paths, bool(grids), rows, ran)
         paths = redraw(name, quick, root, norm)  # the md from the files, as --redraw makes it
     print(f"{name}: {seconds:.0f} s, wrote {paths['md']} (+ figure, data)", flush=True)
     return paths["md"]

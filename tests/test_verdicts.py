@@ -349,13 +349,14 @@ def test_a_verdict_reads_at_least_three_seeds():
 
 
 def test_the_family_counts_a_claim_precluded_and_invalid_once():
-    """A precluded claim whose arm also fails a gate is one claim left out, not two."""
+    """A precluded claim whose arm also fails a gate is one claim left out, not two, and its
+    verdict gives both reasons (the family line names both kinds)."""
     both = report.Claim("both", "p", "q", [1.0, 1.1, 0.9], (0.5, stats.ABOVE), source="paper",
                         arms=("a",), precluded="not comparable: x")  # fmt: skip
     read = report.Claim("read", "p", "q", [1.0, 1.1, 0.9], (0.5, stats.ABOVE), source="paper")
     found = [gates.Gate("a", "trained", False, "")]
     decisions = gates.decide([both, read], found, 3, 12)
-    assert decisions[0].verdict == "invalid: a did not train"
+    assert decisions[0].verdict == "invalid: a did not train; not comparable: x"
     table = report.claims_table([both, read], decisions, 3, 12)
     assert "Family: 2 claims, 1 tested" in table
 

@@ -347,9 +347,12 @@ def _dit_claims(data: pd.DataFrame, grid: str) -> list[Claim]:
     return claims
 
 
-def _steps(data: pd.DataFrame, arm: str) -> int:
-    """The steps an arm trained: its last val loss's step."""
-    return int(metric(data, arm, "val/loss")["x"].max())
+def _steps(data: pd.DataFrame, arm: str, *, grid: bool = False) -> int | None:
+    """The steps an arm trained: its last val loss's step (with `grid`, the last of the arms
+    of the grid named `arm`; None when none logged one)."""
+    picked = data["arm"].str.startswith(arm + "/") if grid else data["arm"] == arm
+    x = data.loc[picked & (data["metric"] == "val/loss"), "x"]
+    return int(x.max()) if len(x) else None
 
 
 def _long_claims(data: pd.DataFrame) -> list[Claim]:
@@ -510,18 +513,12 @@ def _lr_pilot_note(data: pd.DataFrame, pilot: str, grid: str, what: str) -> str:
         parts.append(text)
     seeds = sorted(set(fid["seed"].astype(int)))
     which = f"seed {seeds[0]}" if len(seeds) == 1 else f"mean of seeds {', '.join(map(str, seeds))}"
-    steps, grid_steps = _last_step(data, pilot + "/"), _last_step(data, grid + "/")
+    steps, grid_steps = _steps(data, pilot, grid=True), _steps(data, grid, grid=True)
     if steps:
         which += f", {steps:,} steps"
         if grid_steps and grid_steps != steps:
             which += f"; the {grid} grid trains {grid_steps:,}"
     return f"{what} ({which}; fid_lenet by lr): " + ". ".join(parts) + "."
-
-
-def _last_step(data: pd.DataFrame, prefix: str) -> int | None:
-    """The last val-loss step of the arms named `prefix`... (None when none logged one)."""
-    x = data.loc[data["arm"].str.startswith(prefix) & (data["metric"] == "val/loss"), "x"]
-    return int(x.max()) if len(x) else None
 
 
 def _pilot_note(data: pd.DataFrame) -> str:

@@ -301,8 +301,8 @@ def decide(claims: list, found: list[Gate], initial: int, cap: int) -> list[Deci
             continue
         precluded = getattr(claim, "precluded", "")
         tested = not fail and not precluded
-        if fail:
-            verdict = holm = f"invalid: {gate_text}"
+        if fail:  # and where also precluded, both reasons: the family line counts each
+            verdict = holm = f"invalid: {gate_text}" + (f"; {precluded}" if precluded else "")
         elif precluded:  # e.g. unreachable by construction: shown, not tested
             verdict = holm = precluded
         elif math.isnan(p):
