@@ -283,6 +283,22 @@ def test_every_declared_reproduction_loads_with_its_arms_named_in_the_overrides(
         assert 2 <= repro.initial_seeds <= repro.seed_cap
 
 
+def test_a_declarations_yaml_alias_reuses_an_override_list_alone_or_extended(tmp_path):
+    """`quick: &q [...]` names a list once; `*q` reuses it and `[*q, more]` extends it."""
+    (tmp_path / "demo.yaml").write_text(
+        "title: t\nanalysis: normlab.analysis.bn_lenet\n"
+        "budgets: {full: {text: f}, quick: {text: q, overrides: [[a=1], b=2]}}\n"
+        "grids:\n"
+        "  one: {experiment: e, quick: &q [x=1, y=2], arms: {one/a: [[n=1, m=2]]}}\n"
+        "  two: {experiment: e, quick: *q, arms: {two/a: []}}\n"
+        "  three: {experiment: e, quick: [*q, z=3], arms: {three/a: []}}\n"
+    )
+    repro = sweep.load(tmp_path / "demo.yaml")
+    one, two, three = repro.grids
+    assert one.quick == two.quick == ("x=1", "y=2") and three.quick == ("x=1", "y=2", "z=3")
+    assert one.overrides == ("n=1", "m=2", "arm=one/a") and repro.quick.overrides == ("a=1", "b=2")
+
+
 def test_an_arms_name_interpolates_the_keys_its_grid_sweeps(compose, tmp_path):
     repro = sweep.declared()["ln_placement"]
     warmup = next(g for g in repro.grids if g.name == "warmup")

@@ -197,6 +197,14 @@ def _function(path: str, module: str) -> Callable:
     return getattr(importlib.import_module(mod), attr)
 
 
+def _flat(items) -> tuple[str, ...]:
+    """A declaration's override list, with any entry that is itself a list spliced in: a YAML
+    anchor names a list once (`quick: &dit [...]`) and an alias reuses it, alone (`*dit`) or
+    extended (`[*dit, optim.optimizer.lr=2e-3]`)."""
+    return tuple(o for item in items or () for o in (_flat(item) if isinstance(item, list)
+                                                     else (item,)))  # fmt: skip
+
+
 def load(path: Path) -> Reproduction:
     """A reproduction from its declaration: grids x arms, budgets, seeds, and the analysis
     module's extract and render (and optional prepare/finish)."""
@@ -204,10 +212,10 @@ def load(path: Path) -> Reproduction:
     module = importlib.import_module(spec["analysis"])
     grids = []
     for name, g in spec["grids"].items():
-        base = Grid(name if name != "main" else "", g["experiment"], tuple(g.get("overrides", ())),
-                    tuple(g.get("quick", ())), g.get("seeds"))  # fmt: skip
-        grids += [arm_grid(base, arm, tuple(o)) for arm, o in g["arms"].items()]
-    budgets = {k: Budget(tuple(b.get("overrides", ())), b["text"])
+        base = Grid(name if name != "main" else "", g["experiment"], _flat(g.get("overrides")),
+                    _flat(g.get("quick")), g.get("seeds"))  # fmt: skip
+        grids += [arm_grid(base, arm, _flat(o)) for arm, o in g["arms"].items()]
+    budgets = {k: Budget(_flat(b.get("overrides")), b["text"])
                for k, b in spec["budgets"].items()}  # fmt: skip
     hooks = {k: _function(spec[k], spec["analysis"])
              for k in ("prepare", "finish", "job_rows") if k in spec}  # fmt: skip
