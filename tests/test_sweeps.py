@@ -71,10 +71,20 @@ def test_a_joblib_sweep_with_a_failed_job_runs_every_job_then_exits_non_zero(tmp
     assert not list(tmp_path.glob(".outcomes-*"))
 
 
-def test_a_sweep_of_ok_jobs_exits_0(tmp_path):
-    proc = run_cli("-m", "batch=16", *TINY, "test=false", f"hydra.sweep.dir={tmp_path}")
+def test_a_sweep_of_ok_jobs_exits_0_and_its_rerun_skips_them_without_loading_torch(tmp_path):
+    args = ["-m", "batch=16", *TINY, "test=false", f"hydra.sweep.dir={tmp_path}"]
+    proc = run_cli(*args)
     assert proc.returncode == 0 and "error:" not in proc.stderr
     assert [r["status"] for r in summary(tmp_path).values()] == ["ok"]
+    # the rerun: every job finished, so nothing to train and no torch (a reproduction's second
+    # invocation launches one such multirun per arm)
+    again = subprocess.run([sys.executable, "-X", "importtime", "train.py", *args], cwd=REPO,
+                           capture_output=True, text=True, timeout=600)  # fmt: skip
+    said = again.stdout + again.stderr
+    assert again.returncode == 0 and "skipping finished job" in said, again.stderr[-3000:]
+    imported = [line.rsplit("|", 1)[-1].strip() for line in again.stderr.splitlines()
+                if line.startswith("import time:")]  # fmt: skip
+    assert "hydra" in imported and "torch" not in imported
 
 
 def test_a_reproduction_goes_on_when_some_jobs_of_its_sweep_failed(tmp_path, monkeypatch):

@@ -55,6 +55,11 @@ class Job:
     def reused(self) -> bool:
         return self.same and self.before["status"] in summary.FINISHED  # type: ignore[index]
 
+    def earlier_objective(self, name: str | None) -> float | None:
+        """A reused job's objective (cfg.objective) from its earlier row: None when not set."""
+        value = self.before.get(name or "")  # type: ignore[union-attr]
+        return float(value) if value not in (None, "") else None
+
     def release(self) -> None:
         if self.lock is not None:
             os.close(self.lock)

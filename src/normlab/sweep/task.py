@@ -78,9 +78,8 @@ def _sweep_job(cfg: DictConfig) -> float | None:
     if job is None:  # SweepJobs (conf/hydra/default.yaml) did not start it
         log.error("job not run: no sweep job started (hydra.callbacks.sweep_job)")
         return objective(cfg, FAILED)
-    if job.reused:
-        value = job.before.get(cfg.get("objective") or "")  # type: ignore[union-attr]
-        return float(value) if value not in (None, "") else None
+    if job.reused:  # train.py returns before importing this module; here for direct callers
+        return job.earlier_objective(cfg.get("objective"))
     if not job.row:  # its run dir is in use by another process
         return objective(cfg, FAILED)
     try:
