@@ -41,6 +41,12 @@ def pytest_configure(config: pytest.Config) -> None:
         )
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked `heavy` (the longest) first, in their order: xdist hands tests out in
+    collection order, and a long one handed out last runs alone while the other worker idles."""
+    items.sort(key=lambda item: item.get_closest_marker("heavy") is None)  # a stable sort
+
+
 @pytest.fixture(scope="session")
 def data_root() -> Path:
     """The data root NORMLAB_DATA names (FashionMNIST/raw, tinyshakespeare/input.txt)."""

@@ -25,6 +25,9 @@ script = importlib.import_module("reproduce")  # scripts/reproduce.py
 # Rendered with --quick in CI's slow run: every reproduction.
 CI_NAMES = ["bn_lenet", "gn_batch_size", "ln_placement", "ln_rnn", "deepnorm_depth",
             "rmsnorm_speed", "dit_conditioning", "dyt_vs_ln"]  # fmt: skip
+# The same, heaviest --quick run first (.ci/run's slowest durations; `heavy` puts them first).
+HEAVIEST_FIRST = ["dyt_vs_ln", "gn_batch_size", "rmsnorm_speed", "ln_placement",
+                  "dit_conditioning", "deepnorm_depth", "bn_lenet", "ln_rnn"]  # fmt: skip
 
 
 # a reproduction's analysis where a test needs none: extract, render
@@ -203,6 +206,7 @@ COMMITTED = [n for n in REPRODUCTIONS if (REPO / "outputs" / "figures" / n / "ru
 
 def test_every_reproduction_has_committed_evidence_and_runs_in_ci():
     assert COMMITTED == list(REPRODUCTIONS) == CI_NAMES
+    assert sorted(HEAVIEST_FIRST) == sorted(CI_NAMES)
 
 
 @pytest.mark.parametrize("name", COMMITTED)
@@ -230,7 +234,8 @@ def test_redraw_without_runs_csv_fails_with_a_clear_message(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", CI_NAMES)
+@pytest.mark.heavy
+@pytest.mark.parametrize("name", HEAVIEST_FIRST)
 def test_quick_run_writes_evidence_reuses_its_jobs_and_redraws_the_same_md(
     tmp_path: Path, name: str
 ):
@@ -571,6 +576,7 @@ def test_norm_and_grids_options_are_checked_before_any_work(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_a_users_norm_runs_through_a_reproduction_as_one_more_arm(tmp_path):
     """examples/my_norm.py's mean-only LayerNorm against LayerNorm in dyt_vs_ln's GPT grid,
     with --quick: its own arm, its claim, evidence beside the reproduction's own."""
