@@ -194,8 +194,11 @@ def redraw(name: str, quick: bool, root: Path, norm: str | None = None) -> dict[
 def _merge(new: pd.DataFrame, path: Path, jobs: Callable[[pd.DataFrame], pd.Series] | None = None
            ) -> pd.DataFrame:  # fmt: skip
     """new's rows in place of the rows of the same arms in the file at path (if any); with
-    `jobs` (old rows -> mask of the rows of the jobs that new ran again), only in place of
-    those rows of the same arms."""
+    `jobs` (rows -> mask of the rows of the jobs this invocation ran), only new's rows of those
+    jobs, in place of those rows of the same arms (the sweep dir also holds the grid's other
+    finished jobs, e.g. the other seeds of a `--subset seed=2`, whose rows stay as they were)."""
+    if jobs is not None:
+        new = new[jobs(new)]
     if not path.is_file():
         return new
     old = pd.read_csv(path, keep_default_na=False, na_values={"wall_time_s": [""], "x": [""],

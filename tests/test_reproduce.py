@@ -549,6 +549,10 @@ def test_subset_replaces_only_the_rows_of_the_jobs_it_ran(tmp_path):
         ("bn", 0, 1.0), ("bn", 0, 20.0), ("bn", 1, 2.0), ("bn/b2", 0, 40.0), ("bn/b2", 1, 4.0),
         ("bn/b32", 0, 3.0), ("gn", 0, 5.0)
     ]  # fmt: skip
+    # the sweep dir's other finished jobs (seed 1's, b=32's) come back with the ones run: only
+    # the subset's rows are taken from them, each row once
+    extracted = pd.concat([new, old[old["seed"] == 1], old.iloc[[0]]], ignore_index=True)
+    assert merged.equals(script._merge(extracted, path, both))
     ran = script.partial(script._jobs_at, subset=[("per_device", ["2"]), ("seed", ["1"])])
     assert list(ran(jobs)) == [False, False]
 
