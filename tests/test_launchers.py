@@ -45,6 +45,7 @@ def test_joblib_sweep_runs_two_jobs_with_a_share_of_the_cores_each(tmp_path):
         tmp_path,
         "-m",
         "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
         "norm=batchnorm,groupnorm",
         "+callbacks.threads._target_=log_threads.LogThreads",
         *SWEEP,
@@ -82,3 +83,32 @@ def test_optuna_search_two_trials_returns_val_acc(tmp_path):
     result = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
     best = max(float(r["val/acc"]) for r in rows)
     assert result["best_value"] == pytest.approx(best)  # the jobs returned cfg.objective = val/acc
+
+
+LAUNCHERS = ["basic", "joblib", "submitit_local", "submitit_slurm", "slurm"]
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_every_launcher_option_composes_without_hydras_schema_matching_warning(launcher):
+    """A file named as a plugin's schema (hydra/launcher/joblib.yaml) is matched against it with
+    a deprecation warning on every sweep; conf/ names none so, and slurm extends its schema by
+    name: the plugin's fields, this suite's values over them, a typo rejected."""
+    import warnings
+
+    from hydra import compose, initialize_config_dir
+
+    with warnings.catch_warnings(record=True) as caught, initialize_config_dir(
+        str(REPO / "conf"), version_base="1.3"
+    ):
+        warnings.simplefilter("always")
+        cfg = compose("train", [f"hydra/launcher={launcher}"], return_hydra_config=True)
+    assert not [w for w in caught if "ConfigStore schema" in str(w.message)]
+    if launcher == "slurm":
+        slurm = cfg.hydra.launcher
+        assert slurm._target_.endswith("SlurmLauncher")  # from the plugin's schema
+        assert (slurm.timeout_min, slurm.cpus_per_task, slurm.mem_gb) == (240, 4, 16)  # ours
+        with pytest.raises(Exception, match="timeout_mins"), initialize_config_dir(
+            str(REPO / "conf"), version_base="1.3"
+        ):
+            compose("train", ["hydra/launcher=slurm", "hydra.launcher.timeout_mins=1"],
+                    return_hydra_config=True)  # fmt: skip

@@ -54,7 +54,7 @@ SHRINK = {
 }
 # commands no machine without a cluster can run; each with why
 CANNOT_RUN_HERE = {
-    "hydra/launcher=submitit_slurm": "needs a SLURM cluster (sbatch)",
+    "hydra/launcher=slurm": "needs a SLURM cluster (sbatch)",
 }
 # scripts, by name: options appended ({tmp}: the test's temp dir)
 SCRIPT_SHRINK = {
