@@ -97,8 +97,9 @@ def test_every_launcher_option_composes_without_hydras_schema_matching_warning(l
 
     from hydra import compose, initialize_config_dir
 
-    with warnings.catch_warnings(record=True) as caught, initialize_config_dir(
-        str(REPO / "conf"), version_base="1.3"
+    with (
+        warnings.catch_warnings(record=True) as caught,
+        initialize_config_dir(str(REPO / "conf"), version_base="1.3"),
     ):
         warnings.simplefilter("always")
         cfg = compose("train", [f"hydra/launcher={launcher}"], return_hydra_config=True)
@@ -107,8 +108,9 @@ def test_every_launcher_option_composes_without_hydras_schema_matching_warning(l
         slurm = cfg.hydra.launcher
         assert slurm._target_.endswith("SlurmLauncher")  # from the plugin's schema
         assert (slurm.timeout_min, slurm.cpus_per_task, slurm.mem_gb) == (240, 4, 16)  # ours
-        with pytest.raises(Exception, match="timeout_mins"), initialize_config_dir(
-            str(REPO / "conf"), version_base="1.3"
+        with (
+            pytest.raises(Exception, match="timeout_mins"),
+            initialize_config_dir(str(REPO / "conf"), version_base="1.3"),
         ):
             compose("train", ["hydra/launcher=slurm", "hydra.launcher.timeout_mins=1"],
                     return_hydra_config=True)  # fmt: skip
