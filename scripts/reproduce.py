@@ -43,7 +43,7 @@ from normlab.analysis import report, sweep
 from normlab.analysis.logs import parse_overrides, same_value
 from normlab.analysis.readme import update_readme
 from normlab.analysis.reproductions import REPRODUCTIONS
-from normlab.analysis.sweep import Reproduction
+from normlab.analysis.sweep import Grid, Reproduction
 from normlab.sweep.summary import file_lock
 
 REPO = Path(__file__).resolve().parents[1]
@@ -305,12 +305,27 @@ def _jobs_at(jobs: pd.DataFrame, subset: Subset) -> pd.Series:
     return jobs["overrides"].map(at).astype(bool)
 
 
-def seeds_to_decide(claims_csv: Path, cap: int) -> int | None:
-    """The seeds the undecided claims plan for (the most any of them needs, at most `cap`);
-    None when no claim is undecided or none has a plan."""
-    claims = pd.read_csv(claims_csv)
+def reads(arms: str, grid_arm: str) -> bool:
+    """Whether a claim whose arms are `arms` (claims.csv, space-joined) reads a grid's arm: the
+    arm itself or one of its settings (`batchnorm/b2` of `batchnorm`); a claim that names no
+    arms reads every grid."""
+    named = arms.split()
+    return not named or any(a == grid_arm or a.startswith(grid_arm + "/") for a in named)
+
+
+def seeds_to_decide(claims_csv: Path, cap: int, grids: list[Grid]) -> dict[str, int]:
+    """Per grid name: the seeds the undecided claims that read its arms plan for (the most any
+    of them needs, at most `cap`); a grid no undecided claim with a plan reads is left out."""
+    claims = pd.read_csv(claims_csv, keep_default_na=False, na_values={"planned_seeds": [""]})
     open_ = claims[claims["verdict"].str.startswith("undecided") & claims["planned_seeds"].notna()]
-    return min(cap, int(open_["planned_seeds"].max())) if len(open_) else None
+    arms = open_["arms"] if "arms" in open_ else pd.Series("", index=open_.index)
+    plan: dict[str, int] = {}
+    for g in grids:
+        planned = zip(arms, open_["planned_seeds"], strict=True)
+        needs = [int(n) for a, n in planned if reads(a, g.arm)]
+        if needs:
+            plan[g.name] = max(plan.get(g.name, 0), min(cap, max(needs)))
+    return plan
 
 
 QUICK_CAP = 3  # --decide --quick: a smoke test of the plan, one seed past the quick ones
@@ -318,18 +333,25 @@ QUICK_CAP = 3  # --decide --quick: a smoke test of the plan, one seed past the q
 
 def decide(name: str, quick: bool, jobs: int, root: Path, grids: list[str] | None,
            threads: int | None = None) -> Path:  # fmt: skip
-    """Seeds to a decision: the reproduction at its initial seeds, then, once, at the seeds its
-    undecided claims plan for (up to the declared cap), the jobs already run reused."""
+    """Seeds to a decision: the reproduction at its initial seeds, then, once, each grid at the
+    seeds the undecided claims that read its arms plan for (up to the declared cap), the jobs
+    already run reused; grids no undecided claim reads are not run again."""
     repro = REPRODUCTIONS[name]
     initial = default_seeds(quick, name)
     cap = QUICK_CAP if quick else repro.seed_cap
     md = reproduce(name, quick, jobs, root, initial, grids, threads=threads)
-    planned = seeds_to_decide(md.with_suffix(".claims.csv"), cap)
-    if planned is None or planned <= initial:
+    chosen = [g for g in repro.grids if grids is None or g.name in grids]
+    plan = seeds_to_decide(md.with_suffix(".claims.csv"), cap, chosen)
+    plan = {g: n for g, n in plan.items() if n > initial}
+    if not plan:
         print(f"{name}: no undecided claim plans more than {initial} seeds")
         return md
-    print(f"{name}: undecided claims plan {planned} seeds (cap {cap}); running them")
-    return reproduce(name, quick, jobs, root, planned, grids, threads=threads)
+    for n in sorted(set(plan.values())):
+        names = [g for g, k in plan.items() if k == n]
+        print(f"{name}: the undecided claims on grids {', '.join(names)} plan {n} seeds "
+              f"(cap {cap}); running them")  # fmt: skip
+        md = reproduce(name, quick, jobs, root, n, names, threads=threads)
+    return md
 
 
 def main(argv: list[str] | None = None) -> None:

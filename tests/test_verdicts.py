@@ -256,19 +256,60 @@ def test_planned_seeds_come_from_the_first_seeds_only():
     )
 
 
-def test_seeds_to_decide_runs_the_most_any_undecided_claim_plans_up_to_the_cap(tmp_path):
+def _script():
     import importlib
     import sys
 
     sys.path.insert(0, str(REPO / "scripts"))
-    script = importlib.import_module("reproduce")
+    return importlib.import_module("reproduce")
+
+
+def test_seeds_to_decide_extends_each_grid_to_the_most_its_undecided_claims_plan(tmp_path):
+    """Per grid: the most any undecided claim that reads its arms (or their settings, b2 of
+    batchnorm) plans, up to the cap; a decided claim plans nothing, and a grid no undecided claim
+    reads is not run again (batchnorm_precise/b2 is not a setting of batchnorm)."""
+    from normlab.analysis.sweep import Grid
+
+    script = _script()
+    grids = [Grid("bn", "x", arm="batchnorm"), Grid("gn", "x", arm="groupnorm"),
+             Grid("ln", "x", arm="layernorm"), Grid("precise", "x", arm="batchnorm_precise")]  # fmt: skip
     path = tmp_path / "c.claims.csv"
-    rows = [("undecided (within noise)", 7.0), ("holds", 40.0), ("undecided (within noise)", 5.0)]
-    pd.DataFrame(rows, columns=["verdict", "planned_seeds"]).to_csv(path, index=False)
-    assert script.seeds_to_decide(path, cap=12) == 7
-    assert script.seeds_to_decide(path, cap=6) == 6
-    pd.DataFrame([("holds", 3.0)], columns=["verdict", "planned_seeds"]).to_csv(path, index=False)
-    assert script.seeds_to_decide(path, cap=12) is None
+    rows = [("undecided (within noise)", 7.0, "batchnorm/b2 groupnorm/b2"),
+            ("holds", 40.0, "layernorm/b32 groupnorm/b32"),
+            ("undecided (within noise); needs ~53 seeds (cap 12)", 53.0, "batchnorm_precise/b2"),
+            ("invalid: groupnorm/b2 still improving", 9.0, "groupnorm/b2")]  # fmt: skip
+    pd.DataFrame(rows, columns=["verdict", "planned_seeds", "arms"]).to_csv(path, index=False)
+    assert script.seeds_to_decide(path, 12, grids) == {"bn": 7, "gn": 7, "precise": 12}
+    assert script.seeds_to_decide(path, 6, grids) == {"bn": 6, "gn": 6, "precise": 6}
+    assert script.seeds_to_decide(path, 12, grids[2:3]) == {}
+    # a claim that names no arms (read from elsewhere, as a finish step's) plans for every grid
+    rows.append(("undecided (within noise)", 8.0, ""))
+    pd.DataFrame(rows, columns=["verdict", "planned_seeds", "arms"]).to_csv(path, index=False)
+    assert script.seeds_to_decide(path, 12, grids) == {"bn": 8, "gn": 8, "ln": 8, "precise": 12}
+    pd.DataFrame([("holds", 3.0, "")], columns=["verdict", "planned_seeds", "arms"]).to_csv(path)
+    assert script.seeds_to_decide(path, 12, grids) == {}
+
+
+def test_decide_runs_each_planned_grid_once_at_its_own_seeds(tmp_path, monkeypatch, capsys):
+    """--decide: the initial seeds, then one run per planned seed count with the grids that plan
+    it; the claims file it plans from is the one the first run wrote."""
+    script = _script()
+    calls = []
+
+    def fake(name, quick, jobs, root, seeds, grids=None, **_):
+        calls.append((seeds, grids))
+        md = tmp_path / f"{name}.md"
+        rows = [("undecided (within noise)", 5.0, "batchnorm/b2 groupnorm/b2"),
+                ("undecided (within noise)", 4.0, "batchnorm/b32"),
+                ("undecided (within noise)", 9.0, "batchnorm_precise/b2")]  # fmt: skip
+        frame = pd.DataFrame(rows, columns=["verdict", "planned_seeds", "arms"])
+        frame.to_csv(md.with_suffix(".claims.csv"), index=False)
+        return md
+
+    monkeypatch.setattr(script, "reproduce", fake)
+    script.decide("gn_batch_size", False, 1, tmp_path, ["bn", "gn", "bn_precise", "ln"])
+    assert calls == [(3, ["bn", "gn", "bn_precise", "ln"]), (5, ["bn", "gn"]), (9, ["bn_precise"])]
+    assert "grids bn, gn plan 5 seeds" in capsys.readouterr().out
 
 
 # ----- declared reproductions ------------------------------------------------------------------

@@ -211,14 +211,23 @@ def _row(claim: Claim | IntervalClaim | AnyClaim | CountClaim) -> dict[str, obje
     }
 
 
+def claim_arms(claim) -> tuple[str, ...]:
+    """The arms a claim reads (an AnyClaim: its own and every part's), in order: the grids that
+    run them are the ones its planned seeds extend (`reproduce.py NAME --decide`)."""
+    parts = getattr(claim, "parts", {}).values()
+    return tuple(dict.fromkeys([*claim.arms, *(a for part in parts for a in part.arms)]))
+
+
 def decided_row(claim, decision: gates.Decision) -> dict[str, object]:
     """A claim's row of NAME.claims.csv: the row, with the verdict after its gates, the seeds
-    planned for it, its p-value and the verdict under Holm's correction."""
+    planned for it, the arms it reads, its p-value and the verdict under Holm's correction."""
     row = claim.row()
     row.update(verdict=decision.verdict, gates=decision.gates, planned_seeds=decision.planned_n,
-               p_value=decision.p_value, verdict_holm=decision.holm)  # fmt: skip
+               arms=" ".join(claim_arms(claim)), p_value=decision.p_value,
+               verdict_holm=decision.holm)  # fmt: skip
     order = ["claim", "provenance", "paper_number", "ours_mean", "ci_low", "ci_high", "n_seeds",
-             "planned_seeds", "gates", "verdict", "p_value", "verdict_holm", "rule"]  # fmt: skip
+             "planned_seeds", "arms", "gates", "verdict", "p_value", "verdict_holm",
+             "rule"]  # fmt: skip
     return {k: row[k] for k in order}
 
 
