@@ -271,8 +271,8 @@ def test_seeds_to_decide_extends_each_grid_to_the_most_its_undecided_claims_plan
     from normlab.analysis.sweep import Grid
 
     script = _script()
-    grids = [Grid("bn", "x", arm="batchnorm"), Grid("gn", "x", arm="groupnorm"),
-             Grid("ln", "x", arm="layernorm"), Grid("precise", "x", arm="batchnorm_precise")]  # fmt: skip
+    arms = {"bn": "batchnorm", "gn": "groupnorm", "ln": "layernorm", "precise": "batchnorm_precise"}
+    grids = [Grid(name, "x", arm=arm) for name, arm in arms.items()]
     path = tmp_path / "c.claims.csv"
     rows = [("undecided (within noise)", 7.0, "batchnorm/b2 groupnorm/b2"),
             ("holds", 40.0, "layernorm/b32 groupnorm/b32"),
