@@ -331,27 +331,58 @@ def seeds_to_decide(claims_csv: Path, cap: int, grids: list[Grid]) -> dict[str, 
 QUICK_CAP = 3  # --decide --quick: a smoke test of the plan, one seed past the quick ones
 
 
+def seeds_run(jobs_csv: Path, grids: list[Grid]) -> dict[str, set[int]]:
+    """Per grid name: the seeds every arm of it has in the evidence, each with all its jobs ok
+    (as many as the arm's most complete seed has: every value of a swept key, e.g. each b)."""
+    if not jobs_csv.is_file():
+        return {}
+    jobs = pd.read_csv(jobs_csv, keep_default_na=False)
+    found: dict[str, set[int]] = {}
+    for g in grids:
+        mine = jobs[jobs["arm"] == g.arm]
+        counts = mine.groupby("seed")["status"].agg(lambda s: (len(s), bool((s == "ok").all())))
+        full = max((n for n, _ in counts), default=0)
+        seeds = {int(s) for s, (n, ok) in counts.items() if ok and n == full}
+        found[g.name] = found.get(g.name, seeds) & seeds
+    return found
+
+
 def decide(name: str, quick: bool, jobs: int, root: Path, grids: list[str] | None,
            threads: int | None = None) -> Path:  # fmt: skip
     """Seeds to a decision: the reproduction at its initial seeds, then, once, each grid at the
-    seeds the undecided claims that read its arms plan for (up to the declared cap), the jobs
-    already run reused; grids no undecided claim reads are not run again."""
+    seeds the undecided claims that read its arms plan for (up to the declared cap). Only the
+    seeds a grid's evidence lacks run, landed beside the others (--subset seed=..), so a machine
+    without the earlier sweep dirs reruns no finished seed. Grids no undecided claim reads, and
+    grids with a seed count of their own (pilots), are not run."""
     repro = REPRODUCTIONS[name]
     initial = default_seeds(quick, name)
     cap = QUICK_CAP if quick else repro.seed_cap
-    md = reproduce(name, quick, jobs, root, initial, grids, threads=threads)
-    chosen = [g for g in repro.grids if grids is None or g.name in grids]
-    plan = seeds_to_decide(md.with_suffix(".claims.csv"), cap, chosen)
-    plan = {g: n for g, n in plan.items() if n > initial}
+    paths = report.evidence_paths(sweep.figures_dir(root, quick), name)
+    chosen = [g for g in repro.grids
+              if (grids is None or g.name in grids) and (quick or g.seeds is None)]  # fmt: skip
+
+    def run_missing(target: dict[str, int], why: str) -> None:
+        held, todo = seeds_run(paths["jobs"], chosen), {}
+        for g, n in target.items():
+            missing = tuple(s for s in range(n) if s not in held.get(g, set()))
+            if missing:
+                todo.setdefault((n, missing), []).append(g)
+        for (n, missing), names in sorted(todo.items()):
+            seeds = ",".join(map(str, missing))
+            print(f"{name}: {why.format(grids=', '.join(names), n=n, cap=cap)}; running seed(s) "
+                  f"{seeds}", flush=True)  # fmt: skip
+            reproduce(name, quick, jobs, root, n, names, threads=threads,
+                      subset=[("seed", list(map(str, missing)))])  # fmt: skip
+
+    if not paths["claims"].is_file():  # nothing drawn yet: the first seeds, every job
+        reproduce(name, quick, jobs, root, initial, grids, threads=threads)
+    else:
+        run_missing({g.name: initial for g in chosen}, "grids {grids} lack of the first {n} seeds")
+    plan = {g: n for g, n in seeds_to_decide(paths["claims"], cap, chosen).items() if n > initial}
     if not plan:
         print(f"{name}: no undecided claim plans more than {initial} seeds")
-        return md
-    for n in sorted(set(plan.values())):
-        names = [g for g, k in plan.items() if k == n]
-        print(f"{name}: the undecided claims on grids {', '.join(names)} plan {n} seeds "
-              f"(cap {cap}); running them")  # fmt: skip
-        md = reproduce(name, quick, jobs, root, n, names, threads=threads)
-    return md
+    run_missing(plan, "the undecided claims on grids {grids} plan {n} seeds (cap {cap})")
+    return paths["md"]
 
 
 def main(argv: list[str] | None = None) -> None:

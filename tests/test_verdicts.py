@@ -290,26 +290,53 @@ def test_seeds_to_decide_extends_each_grid_to_the_most_its_undecided_claims_plan
     assert script.seeds_to_decide(path, 12, grids) == {}
 
 
-def test_decide_runs_each_planned_grid_once_at_its_own_seeds(tmp_path, monkeypatch, capsys):
-    """--decide: the initial seeds, then one run per planned seed count with the grids that plan
-    it; the claims file it plans from is the one the first run wrote."""
+def test_decide_runs_only_the_seeds_each_planned_grid_lacks(tmp_path, monkeypatch, capsys):
+    """--decide: the first seeds (all of them on a fresh root; else only those the evidence
+    lacks), then one run per (planned count, missing seeds) with the grids that plan it, only the
+    missing seeds (--subset seed=..): a machine without the earlier sweep dirs reruns no finished
+    seed. A seed with a job not ok, or without one of its settings (a b), counts as missing."""
     script = _script()
+    figures = tmp_path / "outputs" / "figures"
+    (figures / "gn_batch_size").mkdir(parents=True)
+    claims = [
+        ("undecided (within noise)", 5.0, "batchnorm/b2 groupnorm/b2"),
+        ("undecided (within noise)", 4.0, "batchnorm/b32"),
+        ("undecided (within noise)", 9.0, "batchnorm_precise/b2"),
+        ("undecided (within noise)", 7.0, "pilot/gn"),
+    ]  # a pilot keeps its own seeds
+
+    def evidence(seeds: dict[str, list[int]]) -> None:
+        frame = pd.DataFrame(claims, columns=["verdict", "planned_seeds", "arms"])
+        frame.to_csv(figures / "gn_batch_size.claims.csv", index=False)
+        rows = [(arm, s, "ok") for arm, ss in seeds.items() for s in ss for _ in ("b32", "b2")]
+        frame = pd.DataFrame(rows, columns=["arm", "seed", "status"])
+        frame.to_csv(figures / "gn_batch_size" / "jobs.csv", index=False)
+
     calls = []
 
-    def fake(name, quick, jobs, root, seeds, grids=None, **_):
-        calls.append((seeds, grids))
-        md = tmp_path / f"{name}.md"
-        rows = [("undecided (within noise)", 5.0, "batchnorm/b2 groupnorm/b2"),
-                ("undecided (within noise)", 4.0, "batchnorm/b32"),
-                ("undecided (within noise)", 9.0, "batchnorm_precise/b2")]  # fmt: skip
-        frame = pd.DataFrame(rows, columns=["verdict", "planned_seeds", "arms"])
-        frame.to_csv(md.with_suffix(".claims.csv"), index=False)
-        return md
+    def fake(name, quick, jobs, root, seeds, grids=None, threads=None, subset=None):
+        calls.append((seeds, grids, subset))
+        evidence({"batchnorm": [0, 1, 2], "groupnorm": [0, 1, 2], "batchnorm_precise": [0, 1, 2]})
 
     monkeypatch.setattr(script, "reproduce", fake)
-    script.decide("gn_batch_size", False, 1, tmp_path, ["bn", "gn", "bn_precise", "ln"])
-    assert calls == [(3, ["bn", "gn", "bn_precise", "ln"]), (5, ["bn", "gn"]), (9, ["bn_precise"])]
-    assert "grids bn, gn plan 5 seeds" in capsys.readouterr().out
+    grids = ["bn", "gn", "bn_precise", "pilot/gn"]
+    script.decide("gn_batch_size", False, 1, tmp_path, grids)  # a fresh root: the first 3 seeds
+    nine = [("seed", ["3", "4", "5", "6", "7", "8"])]
+    assert calls == [(3, grids, None), (5, ["bn", "gn"], [("seed", ["3", "4"])]),
+                     (9, ["bn_precise"], nine)]  # fmt: skip
+    assert "grids bn, gn plan 5 seeds (cap 12); running seed(s) 3,4" in capsys.readouterr().out
+
+    # the evidence holds gn's 3 and 4 already, but bn's seed 1 lacks its b=2 job
+    evidence({"batchnorm": [0, 1, 2], "groupnorm": [0, 1, 2, 3, 4], "batchnorm_precise": [0, 1, 2]})
+    jobs = pd.read_csv(figures / "gn_batch_size" / "jobs.csv")
+    jobs.drop(jobs[(jobs["arm"] == "batchnorm") & (jobs["seed"] == 1)].index[:1]).to_csv(
+        figures / "gn_batch_size" / "jobs.csv", index=False)  # fmt: skip
+    calls.clear()
+    record = lambda *a, **k: calls.append((a[4], a[5], k["subset"]))  # noqa: E731
+    monkeypatch.setattr(script, "reproduce", record)
+    script.decide("gn_batch_size", False, 1, tmp_path, grids)
+    assert calls == [(3, ["bn"], [("seed", ["1"])]), (5, ["bn"], [("seed", ["1", "3", "4"])]),
+                     (9, ["bn_precise"], nine)]  # fmt: skip
 
 
 # ----- declared reproductions ------------------------------------------------------------------
