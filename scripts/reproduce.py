@@ -305,12 +305,21 @@ def _jobs_at(jobs: pd.DataFrame, subset: Subset) -> pd.Series:
     return jobs["overrides"].map(at).astype(bool)
 
 
+def arm_pattern(grid_arm: str) -> re.Pattern[str]:
+    """The arms a grid's jobs run as: its arm, where each interpolation of a swept key
+    (`pilot/lr${optim.optimizer.lr}`) stands for any value (`pilot/lr0.002`)."""
+    parts = re.split(r"\$\{[^}]*\}", grid_arm)
+    return re.compile(".+?".join(map(re.escape, parts)))
+
+
 def reads(arms: str, grid_arm: str) -> bool:
-    """Whether a claim whose arms are `arms` (claims.csv, space-joined) reads a grid's arm: the
-    arm itself or one of its settings (`batchnorm/b2` of `batchnorm`); a claim that names no
-    arms reads every grid."""
-    named = arms.split()
-    return not named or any(a == grid_arm or a.startswith(grid_arm + "/") for a in named)
+    """Whether a claim whose arms are `arms` (claims.csv, space-joined) reads a grid's arm: one
+    of the arms its jobs run as, or one of their settings (`batchnorm/b2` of `batchnorm`); a
+    claim that names no arms reads every grid."""
+    named, pattern = arms.split(), arm_pattern(grid_arm)
+    return not named or any(
+        pattern.fullmatch(a) or pattern.fullmatch(a.rsplit("/", 1)[0]) for a in named
+    )
 
 
 def seeds_to_decide(claims_csv: Path, cap: int, grids: list[Grid]) -> dict[str, int]:
@@ -339,11 +348,14 @@ def seeds_run(jobs_csv: Path, grids: list[Grid]) -> dict[str, set[int]]:
     jobs = pd.read_csv(jobs_csv, keep_default_na=False)
     found: dict[str, set[int]] = {}
     for g in grids:
-        mine = jobs[jobs["arm"] == g.arm]
-        counts = mine.groupby("seed")["status"].agg(lambda s: (len(s), bool((s == "ok").all())))
-        full = max((n for n, _ in counts), default=0)
-        seeds = {int(s) for s, (n, ok) in counts.items() if ok and n == full}
-        found[g.name] = found.get(g.name, seeds) & seeds
+        mine = jobs[jobs["arm"].str.fullmatch(arm_pattern(g.arm).pattern)]
+        if mine.empty:
+            found[g.name] = set()
+        for _, arm in mine.groupby("arm"):  # each arm its jobs run as (an lr of a pilot's)
+            counts = arm.groupby("seed")["status"].agg(lambda s: (len(s), (s == "ok").all()))
+            full = max(n for n, _ in counts)
+            seeds = {int(s) for s, (n, ok) in counts.items() if ok and n == full}
+            found[g.name] = found.get(g.name, seeds) & seeds
     return found
 
 

@@ -290,6 +290,28 @@ def test_seeds_to_decide_extends_each_grid_to_the_most_its_undecided_claims_plan
     assert script.seeds_to_decide(path, 12, grids) == {}
 
 
+def test_a_grid_whose_arm_interpolates_a_swept_key_is_found_by_its_jobs_arms(tmp_path):
+    """pilot/lr${optim.optimizer.lr} runs as pilot/lr0.002, pilot/lr0.004, ...: a claim on one
+    of those reads the grid, and the grid holds the seeds each of those arms has."""
+    from normlab.analysis.sweep import Grid
+
+    script = _script()
+    pilot = Grid("pilot", "x", arm="pilot/lr${optim.optimizer.lr}")
+    other = Grid("other", "x", arm="pilot")  # a prefix of the interpolated arm's, not its grid
+    path = tmp_path / "c.claims.csv"
+    rows = [("undecided (within noise)", 6.0, "pilot/lr0.002/b2 none")]
+    pd.DataFrame(rows, columns=["verdict", "planned_seeds", "arms"]).to_csv(path, index=False)
+    assert script.seeds_to_decide(path, 12, [pilot, other]) == {"pilot": 6}
+    jobs = [("pilot/lr0.002", s, "ok") for s in (0, 1, 2)] + [
+        ("pilot/lr0.004", s, "ok") for s in (0, 1)
+    ]
+    pd.DataFrame(jobs, columns=["arm", "seed", "status"]).to_csv(tmp_path / "jobs.csv")
+    assert script.seeds_run(tmp_path / "jobs.csv", [pilot, other]) == {
+        "pilot": {0, 1},
+        "other": set(),
+    }
+
+
 def test_decide_runs_only_the_seeds_each_planned_grid_lacks(tmp_path, monkeypatch, capsys):
     """--decide: the first seeds (all of them on a fresh root; else only those the evidence
     lacks), then one run per (planned count, missing seeds) with the grids that plan it, only the
