@@ -187,7 +187,8 @@ def redraw(name: str, quick: bool, root: Path, norm: str | None = None) -> dict[
     return report.write_evidence(
         result, out, evidence, title,
         command_text(name, quick, seeds, norm, _plugin(jobs) if norm else None),
-        repro.budget(quick).text, jobs, repro.initial_seeds, repro.seed_cap,
+        repro.budget(quick).text, jobs, default_seeds(quick, name),
+        QUICK_CAP if quick else repro.seed_cap,  # the budget's own: --quick plans 2, up to 3
     )  # fmt: skip
 
 
@@ -262,9 +263,9 @@ def reproduce(
         raise SystemExit(f"{name}: no jobs in {sweep.sweep_dir(root, name, quick)}")
     if repro.finish is not None:
         repro.finish(runs, max(1, min(jobs, repro.max_jobs or jobs)), sweep.REPO)
-    not_ok = [r for r in runs if r.status != "ok"]
-    if not_ok:
-        print(f"{name}: {len(not_ok)} of {len(runs)} jobs not ok (see the md's jobs table)")
+    bad, of = not_ok(sweep.jobs_frame(runs), subset)
+    if bad:
+        print(f"{name}: {bad} of {of} jobs not ok (see the md's jobs table)")
     paths = report.evidence_paths(sweep.figures_dir(root, quick), evidence_name(name, norm))
     paths["runs"].parent.mkdir(parents=True, exist_ok=True)
     data = repro.extract(runs)[report.RUNS_COLUMNS]
@@ -293,6 +294,13 @@ def land_evidence(
         data, jobs = _merge(data, paths["runs"], rows), _merge(jobs, paths["jobs"], ran)
     data.to_csv(paths["runs"], index=False, float_format=report.FLOAT)
     jobs.to_csv(paths["jobs"], index=False, float_format=report.FLOAT)
+
+
+def not_ok(jobs: pd.DataFrame, subset: Subset | None) -> tuple[int, int]:
+    """How many of this invocation's jobs (a jobs frame's rows; with --subset, the subset's
+    alone, not the sweep dir's other jobs) are not ok, and of how many."""
+    ours = jobs[_jobs_at(jobs, subset)] if subset else jobs
+    return int((ours["status"] != "ok").sum()), len(ours)
 
 
 def _jobs_at(jobs: pd.DataFrame, subset: Subset) -> pd.Series:

@@ -558,6 +558,11 @@ def test_subset_replaces_only_the_rows_of_the_jobs_it_ran(tmp_path):
     assert merged.equals(script._merge(extracted, path, both))
     ran = script.partial(script._jobs_at, subset=[("per_device", ["2"]), ("seed", ["1"])])
     assert list(ran(jobs)) == [False, False]
+    # the "N of M jobs not ok" line counts the subset's jobs, not the sweep dir's others
+    jobs["status"] = ["failed", "ok"]
+    assert script.not_ok(jobs, [("per_device", ["2"])]) == (0, 1)
+    assert script.not_ok(jobs, [("per_device", ["32"])]) == (1, 1)
+    assert script.not_ok(jobs, None) == (1, 2)
 
 
 def test_norm_and_grids_options_are_checked_before_any_work(tmp_path):

@@ -439,7 +439,8 @@ def _decorate(fig: plt.Figure, axes: tuple[plt.Axes, ...]) -> None:
         a.invert_xaxis()  # as in the paper: the batch shrinks to the right
         a.set_xlabel("images per device b (BN's statistics batch)")
         a.grid(alpha=0.3)
-        a.legend(fontsize=8)
+        if a.get_legend_handles_labels()[0]:  # a quick run may draw no labelled line here
+            a.legend(fontsize=8)
     ax.set_ylabel("test error (%)")
     ax_rel.set_ylabel("error - error at b=32 (points)")
     ax_fix.set_ylabel("test error (%)")

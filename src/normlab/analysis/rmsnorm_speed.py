@@ -235,7 +235,8 @@ def _loss_panel(ax: plt.Axes, data: pd.DataFrame) -> None:
         title="val loss: mean over seeds, 95% CI band",
     )
     ax.title.set_fontsize(9)
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:  # a quick run may draw no curve here
+        ax.legend(fontsize=8)
 
 
 def render(data: pd.DataFrame) -> Result:
