@@ -52,6 +52,15 @@ def test_list_names_every_reproduction_with_both_budgets():
     assert out.count("    full: ") == out.count("    quick: ") == len(REPRODUCTIONS)
 
 
+def test_the_script_and_every_analysis_load_without_torch():
+    """--list, --redraw and the option checks need no torch (it loads in seconds): only the
+    jobs and the measurements after them (dyt_vs_ln's LN maps) import it."""
+    code = "import sys; sys.path.insert(0, 'scripts'); import reproduce; "
+    code += "print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr[-2000:]
+
+
 def test_unknown_name_fails_with_the_valid_ones(tmp_path: Path):
     done = reproduce("bn_lenett", root=tmp_path)
     assert done.returncode != 0 and "bn_lenet" in done.stderr and "gn_batch_size" in done.stderr

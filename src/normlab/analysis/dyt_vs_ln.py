@@ -27,11 +27,11 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-import torch
 from omegaconf import OmegaConf
 from scipy.optimize import curve_fit
 
@@ -40,6 +40,9 @@ from normlab.analysis.curves import final_loss, metric, seed_curves, val_loss_ro
 from normlab.analysis.logs import Run
 from normlab.analysis.report import Claim, Result
 from normlab.analysis.stats import BELOW, Interval
+
+if TYPE_CHECKING:  # torch loads only where the LN maps are measured
+    import torch
 
 GPT, PILOT, DIT, DIT_PILOT = "gpt", "pilot", "dit", "dit_pilot"
 LONG = "long"  # LayerNorm and the recipe trained 5x longer than the gpt grid
@@ -108,6 +111,7 @@ def fit_maps(x: np.ndarray, y: np.ndarray) -> dict[str, float]:
 
 def _load_task(run_dir: Path, cfg) -> torch.nn.Module:
     """The job's task (cfg: its composed config) with its last checkpoint's weights."""
+    import torch
     from hydra.utils import instantiate
 
     from normlab.config import import_plugins
@@ -131,38 +135,40 @@ def _windows(cfg, task: torch.nn.Module) -> list[torch.Tensor]:
     return [x for x, _ in list(data.val_dataloader())[:WINDOWS]]
 
 
-@torch.no_grad()
 def ln_map(run_dir: Path) -> pd.DataFrame:
     """Per LayerNorm layer of the job's trained model, in depth order: the R^2 and fits of
     fit_maps over every (input, output before the affine) pair of the validation windows, and a
     sample of those pairs (kind 'point')."""
+    import torch  # here: reproduce.py's --list, --redraw and checks run without torch
+
     from normlab.norms.layernorm import LayerNorm
 
-    cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")  # read once, for model and data
-    task = _load_task(run_dir, cfg)
-    layers = {n: m for n, m in task.named_modules() if isinstance(m, LayerNorm)}
-    seen: dict[str, list[torch.Tensor]] = {n: [] for n in layers}
-    hooks = [
-        m.register_forward_pre_hook(lambda m, args, n=n: seen[n].append(args[0].double()))
-        for n, m in layers.items()
-    ]
-    try:
-        for x in _windows(cfg, task):
-            task(x)
-    finally:
-        for h in hooks:
-            h.remove()
-    rows, rng = [], np.random.default_rng(0)
-    for depth, (name, module) in enumerate(layers.items()):
-        x = torch.cat(seen[name]).reshape(-1, seen[name][0].shape[-1])
-        mean, var = x.mean(-1, keepdim=True), x.var(-1, unbiased=False, keepdim=True)
-        y = (x - mean) / torch.sqrt(var + module.eps)  # LN's output before its affine
-        xs, ys = x.reshape(-1).numpy(), y.reshape(-1).numpy()
-        for key, value in fit_maps(xs, ys).items():
-            rows.append((depth, name, key, math.nan, value))
-        keep = np.concatenate([rng.choice(len(xs), POINTS, replace=False),
-                               np.argsort(np.abs(xs))[-TAIL:]])  # fmt: skip
-        rows += [(depth, name, "point", float(xs[k]), float(ys[k])) for k in keep]
+    with torch.no_grad():
+        cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")  # read once, for model and data
+        task = _load_task(run_dir, cfg)
+        layers = {n: m for n, m in task.named_modules() if isinstance(m, LayerNorm)}
+        seen: dict[str, list[torch.Tensor]] = {n: [] for n in layers}
+        hooks = [
+            m.register_forward_pre_hook(lambda m, args, n=n: seen[n].append(args[0].double()))
+            for n, m in layers.items()
+        ]
+        try:
+            for x in _windows(cfg, task):
+                task(x)
+        finally:
+            for h in hooks:
+                h.remove()
+        rows, rng = [], np.random.default_rng(0)
+        for depth, (name, module) in enumerate(layers.items()):
+            x = torch.cat(seen[name]).reshape(-1, seen[name][0].shape[-1])
+            mean, var = x.mean(-1, keepdim=True), x.var(-1, unbiased=False, keepdim=True)
+            y = (x - mean) / torch.sqrt(var + module.eps)  # LN's output before its affine
+            xs, ys = x.reshape(-1).numpy(), y.reshape(-1).numpy()
+            for key, value in fit_maps(xs, ys).items():
+                rows.append((depth, name, key, math.nan, value))
+            keep = np.concatenate([rng.choice(len(xs), POINTS, replace=False),
+                                   np.argsort(np.abs(xs))[-TAIL:]])  # fmt: skip
+            rows += [(depth, name, "point", float(xs[k]), float(ys[k])) for k in keep]
     return pd.DataFrame(rows, columns=["depth", "layer", "kind", "x", "value"])
 
 
