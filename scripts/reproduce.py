@@ -126,11 +126,19 @@ class Interrupt:
 
 
 def command_text(
-    name: str, quick: bool, seeds: int | None, norm: str | None = None, plugin: str | None = None
+    name: str,
+    quick: bool,
+    seeds: int | None,
+    norm: str | None = None,
+    plugin: str | None = None,
+    decided: bool = False,
 ) -> str:
-    """The command a figure's md shows."""
+    """The command a figure's md shows: with `decided` (its arms ran unequal seed counts), the
+    seeds to a decision that gave them, not a --seeds that would run every arm to the most."""
     cmd = f"python scripts/reproduce.py {name}"
-    if seeds is not None and seeds != default_seeds(quick, name):
+    if decided:
+        cmd += " --decide"
+    elif seeds is not None and seeds != default_seeds(quick, name):
         cmd += f" --seeds {seeds}"
     if norm:
         cmd += f" --norm {norm}" + (f" --plugin {plugin}" if plugin else "")
@@ -160,13 +168,24 @@ def _plugin(jobs: pd.DataFrame) -> str | None:
     return None
 
 
-def seeds_given(repro: Reproduction, jobs: pd.DataFrame, quick: bool) -> int:
-    """The --seeds behind a jobs.csv: the most seeds an arm ran, arms of a grid that keeps its own
-    count aside (unless every arm ran that many)."""
+def _free_counts(repro: Reproduction, jobs: pd.DataFrame, quick: bool) -> pd.Series:
+    """Seeds per arm, arms of a grid that keeps its own count aside (unless every arm ran that
+    many)."""
     counts = jobs.groupby("arm")["seed"].nunique()
     own = [] if quick else [g.seeds for g in repro.grids if g.seeds is not None]
     free = counts[~counts.isin(own)]
-    return int((free if len(free) else counts).max())
+    return free if len(free) else counts
+
+
+def seeds_given(repro: Reproduction, jobs: pd.DataFrame, quick: bool) -> int:
+    """The --seeds behind a jobs.csv: the most seeds an arm ran (pilots' own counts aside)."""
+    return int(_free_counts(repro, jobs, quick).max())
+
+
+def seeds_decided(repro: Reproduction, jobs: pd.DataFrame, quick: bool) -> bool:
+    """Whether a jobs.csv's arms ran unequal seed counts (pilots' own counts aside): seeds to a
+    decision (--decide) ran more where a claim planned more."""
+    return _free_counts(repro, jobs, quick).nunique() > 1
 
 
 def redraw(name: str, quick: bool, root: Path, norm: str | None = None) -> dict[str, Path]:
@@ -186,7 +205,8 @@ def redraw(name: str, quick: bool, root: Path, norm: str | None = None) -> dict[
         result.notes.insert(0, quick_note(repro))
     return report.write_evidence(
         result, out, evidence, title,
-        command_text(name, quick, seeds, norm, _plugin(jobs) if norm else None),
+        command_text(name, quick, seeds, norm, _plugin(jobs) if norm else None,
+                     seeds_decided(repro, jobs, quick)),
         repro.budget(quick).text, jobs, default_seeds(quick, name),
         QUICK_CAP if quick else repro.seed_cap,  # the budget's own: --quick plans 2, up to 3
     )  # fmt: skip

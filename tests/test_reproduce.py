@@ -208,6 +208,13 @@ def test_redraw_takes_the_seeds_option_from_the_arms_that_follow_it():
     assert script.command_text("ln_rnn", False, 3) == "python scripts/reproduce.py ln_rnn"
     three = "python scripts/reproduce.py bn_lenet --seeds 3"  # bn_lenet declares 10 first
     assert script.command_text("bn_lenet", False, 3) == three
+    # arms at unequal counts came from seeds to a decision: --seeds 20 would run all to 20
+    assert not script.seeds_decided(repro, jobs(10, 3), quick=False)
+    unequal = pd.concat([jobs(10, 3), pd.DataFrame({"arm": "w/c", "seed": range(5)})])
+    assert script.seeds_given(repro, unequal, quick=False) == 5
+    assert script.seeds_decided(repro, unequal, quick=False)
+    decided = "python scripts/reproduce.py bn_lenet --decide"
+    assert script.command_text("bn_lenet", False, 20, decided=True) == decided
 
 
 COMMITTED = [n for n in REPRODUCTIONS if (REPO / "outputs" / "figures" / n / "runs.csv").is_file()]
