@@ -56,6 +56,12 @@ def default_seeds(quick: bool, name: str) -> int:
     return QUICK_SEEDS if quick else REPRODUCTIONS[name].initial_seeds
 
 
+def seed_cap(quick: bool, name: str) -> int:
+    """The most seeds --decide runs for a claim: the reproduction's declared cap (QUICK_CAP
+    under --quick)."""
+    return QUICK_CAP if quick else REPRODUCTIONS[name].seed_cap
+
+
 def _hours(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min"
 
@@ -207,8 +213,7 @@ def redraw(name: str, quick: bool, root: Path, norm: str | None = None) -> dict[
         result, out, evidence, title,
         command_text(name, quick, seeds, norm, _plugin(jobs) if norm else None,
                      seeds_decided(repro, jobs, quick)),
-        repro.budget(quick).text, jobs, default_seeds(quick, name),
-        QUICK_CAP if quick else repro.seed_cap,  # the budget's own: --quick plans 2, up to 3
+        repro.budget(quick).text, jobs, default_seeds(quick, name), seed_cap(quick, name),
     )  # fmt: skip
 
 
@@ -283,7 +288,8 @@ def reproduce(
         raise SystemExit(f"{name}: no jobs in {sweep.sweep_dir(root, name, quick)}")
     if repro.finish is not None:
         repro.finish(runs, max(1, min(jobs, repro.max_jobs or jobs)), sweep.REPO)
-    bad, of = not_ok(sweep.jobs_frame(runs), subset)
+    frame = sweep.jobs_frame(runs)  # read once: the message below and the landing
+    bad, of = not_ok(frame, subset)
     if bad:
         print(f"{name}: {bad} of {of} jobs not ok (see the md's jobs table)")
     paths = report.evidence_paths(sweep.figures_dir(root, quick), evidence_name(name, norm))
@@ -292,7 +298,7 @@ def reproduce(
     rows = partial(repro.rows_at, subset=subset) if subset else None
     ran = partial(_jobs_at, subset=subset) if subset else None
     with file_lock(sweep.sweep_dir(root, name, quick) / EVIDENCE_LOCK):
-        land_evidence(data, sweep.jobs_frame(runs), paths, bool(grids), rows, ran)
+        land_evidence(data, frame, paths, bool(grids), rows, ran)
         paths = redraw(name, quick, root, norm)  # the md from the files, as --redraw makes it
     print(f"{name}: {seconds:.0f} s, wrote {paths['md']} (+ figure, data)", flush=True)
     return paths["md"]
@@ -396,7 +402,7 @@ def decide(name: str, quick: bool, jobs: int, root: Path, grids: list[str] | Non
     grids with a seed count of their own (pilots), are not run."""
     repro = REPRODUCTIONS[name]
     initial = default_seeds(quick, name)
-    cap = QUICK_CAP if quick else repro.seed_cap
+    cap = seed_cap(quick, name)
     paths = report.evidence_paths(sweep.figures_dir(root, quick), name)
     chosen = [g for g in repro.grids
               if (grids is None or g.name in grids) and (quick or g.seeds is None)]  # fmt: skip
