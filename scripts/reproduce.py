@@ -343,17 +343,16 @@ def arm_pattern(grid_arm: str) -> re.Pattern[str]:
     """The arms a grid's jobs run as: its arm, where each interpolation of a swept key
     (`pilot/lr${optim.optimizer.lr}`) stands for any value (`pilot/lr0.002`)."""
     parts = re.split(r"\$\{[^}]*\}", grid_arm)
-    return re.compile(".+?".join(map(re.escape, parts)))
+    # a value stands within one path segment: `${placement.name}/d${depth}` (the loss grid's
+    # `post/d6`) must not match another grid's `update/post/d6/w0`
+    return re.compile("[^/]+?".join(map(re.escape, parts)))
 
 
 def reads(arms: str, grid_arm: str) -> bool:
     """Whether a claim whose arms are `arms` (claims.csv, space-joined) reads a grid's arm: one
-    of the arms its jobs run as, or one of their settings (`batchnorm/b2` of `batchnorm`); a
-    claim that names no arms reads every grid."""
-    named, pattern = arms.split(), arm_pattern(grid_arm)
-    return not named or any(
-        pattern.fullmatch(a) or pattern.fullmatch(a.rsplit("/", 1)[0]) for a in named
-    )
+    of the arms its jobs run as, or one of their settings (`batchnorm/b2` of `batchnorm`)."""
+    pattern = arm_pattern(grid_arm)
+    return any(pattern.fullmatch(a) or pattern.fullmatch(a.rsplit("/", 1)[0]) for a in arms.split())
 
 
 def seeds_to_decide(claims_csv: Path, cap: int, grids: list[Grid]) -> dict[str, int]:
@@ -362,6 +361,11 @@ def seeds_to_decide(claims_csv: Path, cap: int, grids: list[Grid]) -> dict[str, 
     claims = pd.read_csv(claims_csv, keep_default_na=False, na_values={"planned_seeds": [""]})
     open_ = claims[claims["verdict"].str.startswith("undecided") & claims["planned_seeds"].notna()]
     arms = open_["arms"] if "arms" in open_ else pd.Series("", index=open_.index)
+    unnamed = open_[arms.str.strip() == ""]
+    if len(unnamed):  # its seeds would go to no grid, or (read as every grid's) to all of them
+        what = unnamed["claim"].iloc[0] if "claim" in unnamed else unnamed.index[0]
+        raise SystemExit(f"{claims_csv.name}: the undecided claim '{what}' plans seeds but names "
+                         "no arms: its analysis must pass Claim(arms=...)")  # fmt: skip
     plan: dict[str, int] = {}
     for g in grids:
         planned = zip(arms, open_["planned_seeds"], strict=True)

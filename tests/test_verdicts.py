@@ -282,12 +282,35 @@ def test_seeds_to_decide_extends_each_grid_to_the_most_its_undecided_claims_plan
     assert script.seeds_to_decide(path, 12, grids) == {"bn": 7, "gn": 7, "precise": 12}
     assert script.seeds_to_decide(path, 6, grids) == {"bn": 6, "gn": 6, "precise": 6}
     assert script.seeds_to_decide(path, 12, grids[2:3]) == {}
-    # a claim that names no arms (read from elsewhere, as a finish step's) plans for every grid
-    rows.append(("undecided (within noise)", 8.0, ""))
-    pd.DataFrame(rows, columns=["verdict", "planned_seeds", "arms"]).to_csv(path, index=False)
-    assert script.seeds_to_decide(path, 12, grids) == {"bn": 8, "gn": 8, "ln": 8, "precise": 12}
-    pd.DataFrame([("holds", 3.0, "")], columns=["verdict", "planned_seeds", "arms"]).to_csv(path)
+    # an undecided claim that names no arms cannot say which grid its seeds go to: an error (it
+    # once read every grid, and ran a decided grid's seeds to the cap)
+    columns = ["claim", "verdict", "planned_seeds", "arms"]
+    unnamed = [("the unnamed one", "undecided (within noise)", 8.0, "")]
+    pd.DataFrame(unnamed, columns=columns).to_csv(path, index=False)
+    with pytest.raises(SystemExit, match="'the unnamed one' plans seeds but names no arms"):
+        script.seeds_to_decide(path, 12, grids)
+    pd.DataFrame([("decided", "holds", 3.0, "")], columns=columns).to_csv(path, index=False)
     assert script.seeds_to_decide(path, 12, grids) == {}
+
+
+def test_a_grid_arm_pattern_matches_its_own_arms_alone(tmp_path):
+    """An interpolated value stands within one path segment: deepnorm_depth's loss grid
+    (`${placement.name}/d${model.net.depth}`, run as post/d6) neither plans for nor holds the
+    seeds of its update grid's arms (update/post/d6/w0)."""
+    from normlab.analysis.sweep import Grid
+
+    script = _script()
+    loss = Grid("loss", "x", arm="${placement.name}/d${model.net.depth}")
+    update = Grid("update", "x", arm="update/${placement.name}/d${model.net.depth}/w${optim.w}")
+    assert script.reads("post/d6 deepnorm/d50", loss.arm)
+    assert not script.reads("update/post/d6/w0 update/post/d50/w0", loss.arm)
+    assert script.reads("update/post/d6/w0", update.arm)
+    assert not script.reads("post/d6", update.arm)
+    jobs = [("post/d6", s, "ok") for s in range(12)] + [("update/post/d6/w0", s, "ok") for s in
+                                                         range(3)]  # fmt: skip
+    pd.DataFrame(jobs, columns=["arm", "seed", "status"]).to_csv(tmp_path / "jobs.csv")
+    held = script.seeds_run(tmp_path / "jobs.csv", [loss, update])
+    assert held == {"loss": set(range(12)), "update": {0, 1, 2}}
 
 
 def test_a_grid_whose_arm_interpolates_a_swept_key_is_found_by_its_jobs_arms(tmp_path):

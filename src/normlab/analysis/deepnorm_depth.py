@@ -139,6 +139,10 @@ def _update_claims(data: pd.DataFrame, depths: list[int], warmup: int) -> list[C
     deep = {d: early(data, "deepnorm", d, warmup) for d in (lo, hi)}
     when = _warm_text(warmup)
     early_text = f"early update = ||F(x,θ_t) - F(x,θ_0)|| after step {EARLY_STEP}"
+
+    def arms(*which: tuple[str, int]) -> tuple[str, ...]:  # the arms a claim reads
+        return tuple(_update_arm(placement, d, warmup) for placement, d in which)
+
     return [
         Claim(
             f"{when}: Post-LN's early update at depth {hi} is at least {GROWTH:g}x its update at "
@@ -148,6 +152,7 @@ def _update_claims(data: pd.DataFrame, depths: list[int], warmup: int) -> list[C
             ratios(post[hi], post[lo]),
             (GROWTH, ABOVE),
             log=True,
+            arms=arms(("post", hi), ("post", lo)),
             **OURS_GROWTH,
         ),
         Claim(
@@ -158,6 +163,7 @@ def _update_claims(data: pd.DataFrame, depths: list[int], warmup: int) -> list[C
             list(rising(data, depths, warmup)),
             (1.0, ABOVE),
             log=True,
+            arms=arms(*(("post", d) for d in depths)),
             source="paper",
         ),
         Claim(
@@ -168,6 +174,7 @@ def _update_claims(data: pd.DataFrame, depths: list[int], warmup: int) -> list[C
             ratios(deep[hi], post[lo]),
             (BELOW, 1.0),
             log=True,
+            arms=arms(("deepnorm", hi), ("post", lo)),
             source="paper",
         ),
         Claim(
@@ -178,6 +185,7 @@ def _update_claims(data: pd.DataFrame, depths: list[int], warmup: int) -> list[C
             ratios(deep[hi], post[hi]),
             (BELOW, DEEPNORM_SHARE),
             log=True,
+            arms=arms(("deepnorm", hi), ("post", hi)),
             source="ours",
             why=f"DeepNet shows DeepNorm's update smaller; the {DEEPNORM_SHARE:g}x share is this "
             "suite's",
@@ -190,6 +198,7 @@ def _update_claims(data: pd.DataFrame, depths: list[int], warmup: int) -> list[C
             ratios(deep[hi], deep[lo]),
             (BELOW, GROWTH),
             log=True,
+            arms=arms(("deepnorm", hi), ("deepnorm", lo)),
             **OURS_GROWTH,
         ),
     ]

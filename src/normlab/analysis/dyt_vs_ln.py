@@ -397,6 +397,7 @@ def _tanh_claims(data: pd.DataFrame) -> list[Claim]:
     """LayerNorm's input-output map in the trained GPT: tanh-like, more so in deeper layers."""
     deep, ratio, n_layers, first_deep = _tanh_values(ln_fits(data))
     deeper = f"the LN layers from block {first_deep // 2} on and the final norm"
+    arms = (f"{GPT}/layernorm",)  # the trained LayerNorm GPTs whose maps ln_fits reads
     return [
         Claim(
             f"in the trained LayerNorm GPT, a fitted tanh leaves at most {TANH_GAIN:g} of the "
@@ -411,6 +412,7 @@ def _tanh_claims(data: pd.DataFrame) -> list[Claim]:
             source="ours",
             why="the paper shows the maps S-shaped (Fig. 2); the fitted-tanh measure and its "
             "bound are this suite's",
+            arms=arms,
         ),
         Claim(
             "the S-shape grows with depth: the tanh's gain over a line is larger in the deeper "
@@ -422,6 +424,7 @@ def _tanh_claims(data: pd.DataFrame) -> list[Claim]:
             (BELOW, 1.0),
             log=True,
             source="paper",
+            arms=arms,
         ),
     ]
 

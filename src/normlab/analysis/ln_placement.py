@@ -160,13 +160,13 @@ def _grad_claims(data: pd.DataFrame) -> list[Claim]:
         claims.append(Claim(
             f"Post-LN, {title}: W2's gradient norm at init grows with the layer index",
             PAPER["grad_post"], quantity, slopes(grad_norms(data, arms["post"], name)),
-            (0.0, ABOVE), source="paper",
+            (0.0, ABOVE), source="paper", arms=(arms["post"],),
         ))  # fmt: skip
         claims.append(Claim(
             f"Pre-LN, {title}: W2's gradient norm at init is flat over the layers (|slope| below "
             f"{MAX_PRE_SLOPE:g} per layer: within {100 * math.expm1(MAX_PRE_SLOPE):.0f}% a layer)",
             PAPER["grad_pre"], quantity, slopes(grad_norms(data, arms["pre"], name)),
-            (-MAX_PRE_SLOPE, MAX_PRE_SLOPE), source="ours",
+            (-MAX_PRE_SLOPE, MAX_PRE_SLOPE), source="ours", arms=(arms["pre"],),
             why=f"the paper shows Pre-LN's profile flat; the band +-{MAX_PRE_SLOPE:g} a layer is "
             "this suite's",
         ))  # fmt: skip
