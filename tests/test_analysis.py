@@ -497,14 +497,14 @@ def _pilot_run(
 def test_gn_batch_size_pilot_picks_the_fewest_epochs_every_norm_passes_the_converged_gate():
     """The pilot holds each budget's job to gates.converged: at 8 epochs BN's train and held-out
     losses still fall; at 16 its train loss still falls (memorizing) but its held-out loss is
-    flat, GN's train loss is flat: 16 is the budget."""
+    flat, GN's losses are flat: 16 is the budget."""
     falling, flat = list(np.linspace(1.0, 0.2, 50)), [1.0] * 10 + [0.3] * 40
     held_falling, held_flat = list(np.linspace(0.5, 0.3, 10)), [0.5] * 3 + [0.3] * 7
     runs = [
         _pilot_run("bn", 8, falling, held_falling),
-        _pilot_run("gn", 8, flat, held_falling),
+        _pilot_run("gn", 8, flat, held_flat),
         _pilot_run("bn", 16, falling, held_flat),
-        _pilot_run("gn", 16, flat, held_falling),
+        _pilot_run("gn", 16, flat, held_flat),
     ]
     data = gn_batch_size.extract(runs)
     table = gn_batch_size.pilot(data)
@@ -528,7 +528,7 @@ def test_gn_batch_size_each_net_has_its_own_pilot_and_budget():
         _pilot_run("bn", 8, falling, held_falling),
         _pilot_run("bn", 16, flat, held_flat),
         _pilot_run("bn", 8, falling, held_flat, ac),
-        _pilot_run("gn", 8, flat, held_falling, ac),
+        _pilot_run("gn", 8, flat, held_flat, ac),
         _pilot_run("gn", 4, falling, held_falling, ac),
     ]
     data = gn_batch_size.extract(runs)

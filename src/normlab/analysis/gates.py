@@ -4,13 +4,17 @@ Before a claim is read, its arms answer a reviewer's first questions, from runs.
 - trained: each seed's final val loss lies further than TRAINED_MARGIN below the trivial
   predictor's loss (ln 10 for 10 classes, the unigram loss for a character LM, 1 for a
   diffusion model's noise prediction);
-- converged (for claims that compare final values): each seed's train loss improved by less
-  than CONVERGED_GAIN over the last 20% of its steps (the mean of the logged losses in the
-  last 10% of steps against the mean of those in the 10% before the last 20%: a window each, so
-  one noisy step does not decide), or its held-out (val) loss did, where it is logged in both
-  windows: a run whose held-out loss has stopped falling is trained as far as held-out
-  quantities go, and its further steps fit the training set (a classifier without weight decay
-  drives its train loss toward 0 long after its test error has settled);
+- converged (for claims that compare final values): the arm's seeds improved by less than
+  CONVERGED_GAIN on average over the last 20% of their steps. A seed's late gain is its train
+  loss's (the mean of the logged losses in the last 10% of steps against the mean of those in
+  the 10% before the last 20%: a window each, so one noisy step does not decide), or its
+  held-out (val) loss's where that is smaller and logged in both windows: a run whose held-out
+  loss has stopped falling is trained as far as held-out quantities go, and its further steps
+  fit the training set (a classifier without weight decay drives its train loss toward 0 long
+  after its test error has settled). The arm is judged by its seeds' mean (a seed whose loss
+  rose counts as 0), as its claims read their means: a rule that failed it on any one seed
+  would fail a plateaued arm more often the more seeds it ran, each seed's gain carrying its
+  own noise;
 - not saturated (for quantities with a ceiling): each seed's value stays below the ceiling.
 A failed gate makes the claims that read the arm `invalid: <arm> did not train` (or `still
 improving`, `saturated`): the number is shown, never read as a gap. Then, per claim: the seeds
@@ -39,6 +43,7 @@ from normlab.analysis.logs import Run
 TRAINED_MARGIN = 0.05  # "did not train": final val loss >= (1 - 5%) x the trivial loss
 MIN_SEEDS = 3  # a verdict reads at least this many seeds
 CONVERGED_GAIN = 0.02  # "still improving": the last 20% of steps improved the loss by >= 2%
+# (on average over an arm's seeds)
 WINDOWS = ((0.7, 0.8), (0.9, 1.0))  # the converged gate's two windows, fractions of the steps
 TRAIN_LOSS = "gate/train_loss"  # the runs.csv metric of the train loss the gate reads
 VAL_LOSS = "gate/val_loss"  # and of the held-out loss (its last row per seed: the final)
@@ -48,11 +53,13 @@ RULES = {
     "trained": f"each seed's final val loss below {1 - TRAINED_MARGIN:g} x the trivial "
     "predictor's (ln 10 for 10 classes; the unigram loss of a character LM; 1, the noise's "
     "variance, for a diffusion model)",
-    "converged": f"each seed's train loss improved by less than {CONVERGED_GAIN:.0%} over its "
-    "last 20% of steps (mean of the logged losses in the last 10% of steps vs. in the 10% "
-    "before the last 20%), or its held-out loss did, where logged in both windows (a run whose "
-    "held-out loss has stopped falling is trained as far as held-out quantities go; its further "
-    "steps fit the training set)",
+    "converged": f"the seeds' late gains average less than {CONVERGED_GAIN:.0%}: a seed's late "
+    "gain is its train loss's relative fall over its last 20% of steps (mean of the logged "
+    "losses in the last 10% of steps vs. in the 10% before the last 20%), or its held-out "
+    "loss's where smaller and logged in both windows (a run whose held-out loss has stopped "
+    "falling is trained as far as held-out quantities go; its further steps fit the training "
+    "set); the arm is judged by the mean (a rise counts as 0), as its claims read means, so "
+    "more seeds do not make a plateaued arm fail more often",
     "not saturated": "each seed's value below the quantity's ceiling",
 }
 
@@ -184,14 +191,17 @@ def converged(data: pd.DataFrame, arm: str) -> Gate:
     noise = _per_seed(curves, late_gain_se).max()
     # NaN where the held-out loss was not logged in both windows: the train loss decides alone
     held = _per_seed(_seeds(data, arm, VAL_LOSS), late_gain).reindex(gains.index)
-    still = int(((gains >= CONVERGED_GAIN) & ~(held < CONVERGED_GAIN)).sum())
+    seed_gain = held.fillna(gains)  # each seed's: the held-out loss's where logged
+    # a seed whose loss rose over the window gained nothing: it does not offset another's gain
+    mean = float(seed_gain.clip(lower=0.0).mean())
     # the noise is shown, not used: a reader sees where one seed's gain is within its noise
     shown = "" if math.isnan(noise) else f" (a seed's SE up to {noise:.1%})"
     if held.notna().any():
         shown += f"; held-out loss's {held.min():+.1%} to {held.max():+.1%}"
-    return Gate(arm, "converged", still == 0,
-                f"late gain {gains.min():+.1%} to {gains.max():+.1%}{shown}; {still} of "
-                f"{len(gains)} seeds still improving")  # fmt: skip
+    above = int((seed_gain >= CONVERGED_GAIN).sum())
+    return Gate(arm, "converged", mean < CONVERGED_GAIN,
+                f"late gain {gains.min():+.1%} to {gains.max():+.1%}{shown}; mean {mean:+.1%} "
+                f"over {len(gains)} seeds ({above} at or above {CONVERGED_GAIN:.0%})")  # fmt: skip
 
 
 def not_saturated(data: pd.DataFrame, arm: str) -> Gate:
