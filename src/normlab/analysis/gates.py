@@ -5,16 +5,17 @@ Before a claim is read, its arms answer a reviewer's first questions, from runs.
   predictor's loss (ln 10 for 10 classes, the unigram loss for a character LM, 1 for a
   diffusion model's noise prediction);
 - converged (for claims that compare final values): the arm's seeds improved by less than
-  CONVERGED_GAIN on average over the last 20% of their steps. A seed's late gain is its train
-  loss's (the mean of the logged losses in the last 10% of steps against the mean of those in
-  the 10% before the last 20%: a window each, so one noisy step does not decide), or its
-  held-out (val) loss's where that is smaller and logged in both windows: a run whose held-out
-  loss has stopped falling is trained as far as held-out quantities go, and its further steps
-  fit the training set (a classifier without weight decay drives its train loss toward 0 long
-  after its test error has settled). The arm is judged by its seeds' mean (a seed whose loss
-  rose counts as 0), as its claims read their means: a rule that failed it on any one seed
-  would fail a plateaued arm more often the more seeds it ran, each seed's gain carrying its
-  own noise;
+  CONVERGED_GAIN on average over the last 20% of their steps. A seed's late gain is its
+  held-out (val) loss's where that is logged in both windows, else its train loss's (the mean
+  of the logged losses in the last 10% of steps against the mean of those in the 10% before the
+  last 20%: a window each, so one noisy step does not decide). The held-out loss is the
+  quantity the claims compare: a run whose held-out loss has stopped falling is trained as far
+  as held-out quantities go, and its further steps fit the training set (a classifier without
+  weight decay drives its train loss toward 0 long after its test error has settled); one whose
+  held-out loss still falls is still improving, however flat its noisy train loss. The arm is
+  judged by its seeds' mean (a seed whose loss rose counts as 0), as its claims read their
+  means: a rule that failed it on any one seed would fail a plateaued arm more often the more
+  seeds it ran, each seed's gain carrying its own noise;
 - not saturated (for quantities with a ceiling): each seed's value stays below the ceiling.
 A failed gate makes the claims that read the arm `invalid: <arm> did not train` (or `still
 improving`, `saturated`): the number is shown, never read as a gap. Then, per claim: the seeds
@@ -54,9 +55,9 @@ RULES = {
     "predictor's (ln 10 for 10 classes; the unigram loss of a character LM; 1, the noise's "
     "variance, for a diffusion model)",
     "converged": f"the seeds' late gains average less than {CONVERGED_GAIN:.0%}: a seed's late "
-    "gain is its train loss's relative fall over its last 20% of steps (mean of the logged "
-    "losses in the last 10% of steps vs. in the 10% before the last 20%), or its held-out "
-    "loss's where smaller and logged in both windows (a run whose held-out loss has stopped "
+    "gain is its loss's relative fall over its last 20% of steps (mean of the logged losses in "
+    "the last 10% of steps vs. in the 10% before the last 20%), the held-out loss's where "
+    "logged in both windows, else the train loss's (a run whose held-out loss has stopped "
     "falling is trained as far as held-out quantities go; its further steps fit the training "
     "set); the arm is judged by the mean (a rise counts as 0), as its claims read means, so "
     "more seeds do not make a plateaued arm fail more often",
