@@ -135,73 +135,45 @@ OURS_GROWTH = {"source": "ours",
 
 def _update_claims(data: pd.DataFrame, depths: list[int], warmup: int) -> list[Claim]:
     lo, hi = depths[0], depths[-1]
-    post = {d: early(data, "post", d, warmup) for d in (lo, hi)}
-    deep = {d: early(data, "deepnorm", d, warmup) for d in (lo, hi)}
     when = _warm_text(warmup)
     early_text = f"early update = ||F(x,θ_t) - F(x,θ_0)|| after step {EARLY_STEP}"
 
-    def arms(*which: tuple[str, int]) -> tuple[str, ...]:  # the arms a claim reads
-        return tuple(_update_arm(placement, d, warmup) for placement, d in which)
+    def claim(text: str, paper: str, quantity: str, reads: list[tuple[str, int]], values=None,
+              **kw) -> Claim:  # fmt: skip
+        """A claim on the ratio of the first arm's early update to the second's (or on
+        `values`), on the log scale; `reads`: the (placement, depth) arms it reads."""
+        if values is None:
+            (a, d_a), (b, d_b) = reads
+            values = ratios(early(data, a, d_a, warmup), early(data, b, d_b, warmup))
+        arms = tuple(_update_arm(placement, d, warmup) for placement, d in reads)
+        return Claim(f"{when}: {text}", PAPER[paper], f"{quantity} ({early_text})", values,
+                     log=True, arms=arms, **kw)  # fmt: skip
 
+    # fmt: off
     return [
-        Claim(
-            f"{when}: Post-LN's early update at depth {hi} is at least {GROWTH:g}x its update at "
-            f"depth {lo}",
-            PAPER["post_grows"],
-            f"Post-LN's early update at depth {hi} / at depth {lo} ({early_text})",
-            ratios(post[hi], post[lo]),
-            (GROWTH, ABOVE),
-            log=True,
-            arms=arms(("post", hi), ("post", lo)),
-            **OURS_GROWTH,
-        ),
-        Claim(
-            f"{when}: Post-LN's early update rises with depth ({', '.join(map(str, depths))})",
-            PAPER["post_grows"],
-            "the smallest ratio of Post-LN's early update between consecutive depths "
-            f"({early_text})",
-            list(rising(data, depths, warmup)),
-            (1.0, ABOVE),
-            log=True,
-            arms=arms(*(("post", d) for d in depths)),
-            source="paper",
-        ),
-        Claim(
-            f"{when}: DeepNorm's early update at depth {hi} is no larger than Post-LN's at depth "
-            f"{lo}",
-            PAPER["deepnorm_bounded"],
-            f"DeepNorm's early update at depth {hi} / Post-LN's at depth {lo} ({early_text})",
-            ratios(deep[hi], post[lo]),
-            (BELOW, 1.0),
-            log=True,
-            arms=arms(("deepnorm", hi), ("post", lo)),
-            source="paper",
-        ),
-        Claim(
-            f"{when}: DeepNorm's early update at depth {hi} is at most {DEEPNORM_SHARE:g}x "
-            f"Post-LN's at depth {hi}",
-            PAPER["deepnorm_bounded"],
-            f"DeepNorm's early update at depth {hi} / Post-LN's at depth {hi} ({early_text})",
-            ratios(deep[hi], post[hi]),
-            (BELOW, DEEPNORM_SHARE),
-            log=True,
-            arms=arms(("deepnorm", hi), ("post", hi)),
-            source="ours",
-            why=f"DeepNet shows DeepNorm's update smaller; the {DEEPNORM_SHARE:g}x share is this "
-            "suite's",
-        ),
-        Claim(
-            f"{when}: DeepNorm's early update grows less than {GROWTH:g}x from depth {lo} to "
-            f"{hi} (the bound does not depend on depth)",
-            PAPER["deepnorm_bounded"],
-            f"DeepNorm's early update at depth {hi} / at depth {lo} ({early_text})",
-            ratios(deep[hi], deep[lo]),
-            (BELOW, GROWTH),
-            log=True,
-            arms=arms(("deepnorm", hi), ("deepnorm", lo)),
-            **OURS_GROWTH,
-        ),
+        claim(f"Post-LN's early update at depth {hi} is at least {GROWTH:g}x its update at depth "
+              f"{lo}", "post_grows", f"Post-LN's early update at depth {hi} / at depth {lo}",
+              [("post", hi), ("post", lo)], region=(GROWTH, ABOVE), **OURS_GROWTH),
+        claim(f"Post-LN's early update rises with depth ({', '.join(map(str, depths))})",
+              "post_grows", "the smallest ratio of Post-LN's early update between consecutive "
+              "depths", [("post", d) for d in depths], list(rising(data, depths, warmup)),
+              region=(1.0, ABOVE), source="paper"),
+        claim(f"DeepNorm's early update at depth {hi} is no larger than Post-LN's at depth {lo}",
+              "deepnorm_bounded", f"DeepNorm's early update at depth {hi} / Post-LN's at depth "
+              f"{lo}", [("deepnorm", hi), ("post", lo)], region=(BELOW, 1.0),
+              source="paper"),
+        claim(f"DeepNorm's early update at depth {hi} is at most {DEEPNORM_SHARE:g}x Post-LN's "
+              f"at depth {hi}", "deepnorm_bounded", f"DeepNorm's early update at depth {hi} / "
+              f"Post-LN's at depth {hi}", [("deepnorm", hi), ("post", hi)],
+              region=(BELOW, DEEPNORM_SHARE), source="ours",
+              why=f"DeepNet shows DeepNorm's update smaller; the {DEEPNORM_SHARE:g}x share is "
+              "this suite's"),
+        claim(f"DeepNorm's early update grows less than {GROWTH:g}x from depth {lo} to {hi} (the "
+              "bound does not depend on depth)", "deepnorm_bounded", f"DeepNorm's early update "
+              f"at depth {hi} / at depth {lo}", [("deepnorm", hi), ("deepnorm", lo)],
+              region=(BELOW, GROWTH), **OURS_GROWTH),
     ]
+    # fmt: on
 
 
 def _loss_claim(data: pd.DataFrame, depth: int) -> Claim:
