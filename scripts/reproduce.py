@@ -363,7 +363,7 @@ def seeds_to_decide(claims_csv: Path, cap: int, grids: list[Grid]) -> dict[str, 
     arms = open_["arms"] if "arms" in open_ else pd.Series("", index=open_.index)
     unnamed = open_[arms.str.strip() == ""]
     if len(unnamed):  # its seeds would go to no grid, or (read as every grid's) to all of them
-        what = unnamed["claim"].iloc[0] if "claim" in unnamed else unnamed.index[0]
+        what = unnamed["claim"].iloc[0]
         raise SystemExit(f"{claims_csv.name}: the undecided claim '{what}' plans seeds but names "
                          "no arms: its analysis must pass Claim(arms=...)")  # fmt: skip
     plan: dict[str, int] = {}

@@ -43,8 +43,7 @@ from normlab.analysis.logs import Run
 
 TRAINED_MARGIN = 0.05  # "did not train": final val loss >= (1 - 5%) x the trivial loss
 MIN_SEEDS = 3  # a verdict reads at least this many seeds
-CONVERGED_GAIN = 0.02  # "still improving": the last 20% of steps improved the loss by >= 2%
-# (on average over an arm's seeds)
+CONVERGED_GAIN = 0.02  # "still improving": an arm's seeds' mean late gain >= 2%
 WINDOWS = ((0.7, 0.8), (0.9, 1.0))  # the converged gate's two windows, fractions of the steps
 TRAIN_LOSS = "gate/train_loss"  # the runs.csv metric of the train loss the gate reads
 VAL_LOSS = "gate/val_loss"  # and of the held-out loss (its last row per seed: the final)
