@@ -342,7 +342,7 @@ def test_rmsnorm_speed_grids_time_three_twins_per_model_and_train_600_steps_of_o
     }
     assert timer.identity_norm._target_ == "normlab.norms.NoNorm" and timer.ops
     pairs = cfg.trainer.max_steps - timer.warmup
-    assert pairs == (20 if quick else 100)
+    assert pairs == (10 if quick else 100) and timer.op_rounds == (1 if quick else 3)
     assert cfg.trainer.max_epochs * cfg.data.train_batches_per_epoch >= cfg.trainer.max_steps
     assert cfg.trainer.limit_val_batches == 0 and cfg.callbacks.update_norm is None
     assert cfg.num_threads == (1 if quick else None)  # the full sweep sets it
@@ -356,7 +356,8 @@ def test_rmsnorm_speed_grids_time_three_twins_per_model_and_train_600_steps_of_o
     timer = cfg.callbacks.paired_step_time
     assert timer.model.net.norm_layer._target_ == "normlab.norms.RMSNorm"
     assert timer.identity_norm._target_ == "normlab.norms.NoNorm" and timer.ops
-    assert cfg.trainer.max_steps - timer.warmup == (20 if quick else 100)
+    assert cfg.trainer.max_steps - timer.warmup == (10 if quick else 100)
+    assert cfg.model.net.ctx == (16 if quick else 64)
     cfg = compose([f"experiment={quality.experiment}", *quality.all_overrides(budget, quick),
                    "seed=2"], tmp_path)  # fmt: skip
     assert dict(HydraConfig.get().sweeper.params) == {"norm": "layernorm,rmsnorm,prmsnorm"}
