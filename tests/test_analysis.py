@@ -238,6 +238,23 @@ def test_bootstrap_resamples_within_each_group():
     assert not stats.bootstrap([]).known
 
 
+def test_a_joint_bootstrap_gives_each_statistic_the_interval_it_gets_alone():
+    rng = np.random.default_rng(3)
+    groups = [rng.lognormal(size=40), rng.lognormal(size=25)]
+
+    def spread(v, axis=-1):
+        return np.quantile(v, 0.9, axis=axis) - np.quantile(v, 0.1, axis=axis)
+
+    both = stats.bootstrap_joint(
+        groups, lambda v, axis=-1: {"median": np.median(v, axis=axis), "spread": spread(v, axis)},
+        resamples=3000, seed=5,
+    )  # fmt: skip
+    assert both["median"] == stats.bootstrap(groups, np.median, resamples=3000, seed=5)
+    assert both["spread"] == stats.bootstrap(groups, spread, resamples=3000, seed=5)
+    assert both["median"] != both["spread"] and both["median"].n == 2
+    assert stats.bootstrap_joint([[1.0], []], lambda v, axis=-1: {"m": v.mean(axis)}) == {}
+
+
 def test_interval_claim_decides_on_a_given_interval_by_claims_rule():
     def claim(low: float, high: float) -> report.IntervalClaim:
         interval = stats.Interval(0.5 * (low + high), low, high, 3)

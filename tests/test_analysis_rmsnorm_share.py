@@ -72,9 +72,11 @@ def test_share_op_ratio_and_prediction_arithmetic():
     columns = {c: table[c].to_numpy() for c in table}
     assert rmsnorm_speed.share(columns) == pytest.approx(0.10)
     assert rmsnorm_speed.op_ratio(columns) == pytest.approx(0.3)
-    assert rmsnorm_speed.predicted(columns) == pytest.approx(1 - 0.10 * (1 - 0.3))  # 0.93
-    assert rmsnorm_speed.gap(columns) == pytest.approx(0.97 - 0.93)
-    assert rmsnorm_speed.joint_interval(table, rmsnorm_speed.step_ratio).mean == pytest.approx(0.97)
+    numbers = rmsnorm_speed.speed_numbers(columns)
+    assert numbers["predicted"] == pytest.approx(1 - 0.10 * (1 - 0.3))  # 0.93
+    assert numbers["gap"] == pytest.approx(0.97 - 0.93)
+    joint = rmsnorm_speed.joint_intervals(table)
+    assert joint["measured"].mean == pytest.approx(0.97) and joint["s"].mean == pytest.approx(0.1)
 
 
 def test_unreachable_when_the_share_is_below_seven_percent(result):

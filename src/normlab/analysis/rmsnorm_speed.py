@@ -16,6 +16,7 @@ figure and decides the claims from runs.csv alone.
 
 from __future__ import annotations
 
+import math
 import re
 
 import matplotlib.pyplot as plt
@@ -26,7 +27,7 @@ from normlab.analysis import gates
 from normlab.analysis.curves import final_loss, metric, paired, val_loss_rows
 from normlab.analysis.logs import Run
 from normlab.analysis.report import Claim, IntervalClaim, Result, markdown_table
-from normlab.analysis.stats import BELOW, Interval, bootstrap
+from normlab.analysis.stats import BELOW, Interval, bootstrap, bootstrap_joint
 
 # ----- the paper's claims (Zhang & Sennrich 2019, "Root Mean Square Layer Normalization") ------
 PAPER = {
@@ -363,31 +364,39 @@ def step_ratio(c: dict[str, np.ndarray]) -> np.ndarray:
     return np.median(c[MODEL_MS] / c[BASELINE_MS], axis=-1)
 
 
-def predicted(c: dict[str, np.ndarray]) -> np.ndarray:
-    """The step ratio if a step is LayerNorm's calls plus the rest: 1 - s(1 - r)."""
-    return 1 - share(c) * (1 - op_ratio(c))
+def predicted(s: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """The step ratio if a step is LayerNorm's calls plus the rest: 1 - s(1 - r), with s its
+    share of the step and r the op ratio."""
+    return 1 - s * (1 - r)
 
 
-def gap(c: dict[str, np.ndarray]) -> np.ndarray:
-    """Measured step ratio - predicted."""
-    return step_ratio(c) - predicted(c)
+STATISTICS = ("s", "r", "predicted", "measured", "gap")  # speed_numbers's keys
 
 
-def joint_interval(table: pd.DataFrame, statistic) -> Interval:
-    """`statistic` of a per-model arm's timed steps (a dict of time columns; the steps
-    resampled together, within each repeat) and its bootstrap CI."""
+def speed_numbers(c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """s, r, the predicted and the measured step ratio, and the measured - predicted gap."""
+    s, r, measured = share(c), op_ratio(c), step_ratio(c)
+    expected = predicted(s, r)
+    return {"s": s, "r": r, "predicted": expected, "measured": measured,
+            "gap": measured - expected}  # fmt: skip
+
+
+def joint_intervals(table: pd.DataFrame) -> dict[str, Interval]:
+    """speed_numbers of a per-model arm's timed steps, with their bootstrap CIs: the steps
+    resampled together, within each repeat; the five numbers read the same resamples."""
     if table.empty:
-        return bootstrap([])
+        return dict.fromkeys(STATISTICS, bootstrap([]))
     columns = {c: table[c].to_numpy(dtype=float) for c in TIMES if c != BASELINE_FIRST}
     seeds = table.index.get_level_values("seed").to_numpy()
     positions = np.arange(len(table), dtype=float)
     groups = [positions[seeds == s] for s in np.unique(seeds)]
 
-    def of_rows(rows: np.ndarray, axis: int = -1) -> np.ndarray:
+    def of_rows(rows: np.ndarray, axis: int = -1) -> dict[str, np.ndarray]:
         at = rows.astype(int)
-        return statistic({c: v[at] for c, v in columns.items()})
+        return speed_numbers({c: v[at] for c, v in columns.items()})
 
-    return bootstrap(groups, of_rows, resamples=RESAMPLES, seed=BOOTSTRAP_SEED)
+    joint = bootstrap_joint(groups, of_rows, resamples=RESAMPLES, seed=BOOTSTRAP_SEED)
+    return joint or dict.fromkeys(STATISTICS, Interval(math.nan, math.nan, math.nan, len(groups)))
 
 
 CI_JOINT = (
@@ -453,8 +462,7 @@ def _model_claims(arm: tuple[str, str, int], n: dict[str, Interval]) -> list[Int
 def _arm_numbers(data: pd.DataFrame, arm: tuple[str, str, int]) -> dict[str, Interval]:
     """s, r, the predicted and the measured step ratio of one per-model arm."""
     table = model_pairs(data, *arm)
-    stats = {"s": share, "r": op_ratio, "predicted": predicted, "measured": step_ratio, "gap": gap}
-    return {k: joint_interval(table, f) for k, f in stats.items()} | {"steps": len(table)}
+    return joint_intervals(table) | {"steps": len(table)}
 
 
 def _ci(i: Interval) -> str:

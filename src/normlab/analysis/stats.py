@@ -74,19 +74,41 @@ def bootstrap(
     quantiles of the resampled statistics. The RNG is seeded: the same values give the same
     interval. NaN interval when a group is empty or a value is not finite.
     """
+    joint = bootstrap_joint(groups, lambda v, axis=-1: {"": statistic(v, axis=axis)},
+                            resamples, seed, level)  # fmt: skip
+    return joint[""] if joint else Interval(math.nan, math.nan, math.nan, len(groups))
+
+
+def bootstrap_joint(
+    groups: Sequence[Sequence[float]],
+    statistics: Callable[..., dict[str, np.ndarray]],
+    resamples: int = 10_000,
+    seed: int = 0,
+    level: float = LEVEL,
+) -> dict[str, Interval]:
+    """`bootstrap` of several statistics at once, on the same resamples: `statistics(values,
+    axis=-1)` returns a dict of them (each as `bootstrap`'s statistic would), so what they
+    share (the values drawn, a median two of them use) is computed once per resample. Each
+    interval is the one `bootstrap` gives that statistic alone with the same seed; {} when a
+    group is empty or a value is not finite."""
     arrays = [np.asarray(list(g), dtype=float) for g in groups]
     if not arrays or any(len(a) == 0 or not np.all(np.isfinite(a)) for a in arrays):
-        return Interval(math.nan, math.nan, math.nan, len(arrays))
-    estimate = float(statistic(np.concatenate(arrays), axis=-1))
+        return {}
+    estimates = statistics(np.concatenate(arrays), axis=-1)
     rng = np.random.default_rng(seed)
     chunk = 1000  # resamples drawn at a time: memory of chunk x all values
-    resampled = []
+    resampled: dict[str, list[np.ndarray]] = {k: [] for k in estimates}
     for start in range(0, resamples, chunk):
         size = min(chunk, resamples - start)
         drawn = [a[rng.integers(0, len(a), size=(size, len(a)))] for a in arrays]
-        resampled.append(statistic(np.concatenate(drawn, axis=1), axis=-1))
-    low, high = np.quantile(np.concatenate(resampled), [(1 - level) / 2, (1 + level) / 2])
-    return Interval(estimate, float(low), float(high), len(arrays))
+        for k, values in statistics(np.concatenate(drawn, axis=1), axis=-1).items():
+            resampled[k].append(values)
+    quantiles = [(1 - level) / 2, (1 + level) / 2]
+    intervals = {}
+    for k, estimate in estimates.items():
+        low, high = np.quantile(np.concatenate(resampled[k]), quantiles)
+        intervals[k] = Interval(float(estimate), float(low), float(high), len(arrays))
+    return intervals
 
 
 def verdict(interval: Interval, region: tuple[float, float], undecided: str = UNDECIDED) -> str:
