@@ -197,3 +197,26 @@ def test_a_failed_build_warns_with_the_compilers_error_lines_not_its_command(mon
         "/src/_fused_rms.cpp:3:10: fatal error: omp.h: No such file or directory); RMSNorm "
         "uses its pure-torch fast path"
     )
+
+
+def test_the_builds_name_tells_cpus_sources_checkouts_and_torches_apart(tmp_path):
+    # torch rebuilds a cached build whose build file differs, and that file names the source's
+    # path and torch's: two checkouts (or venvs) of the same source sharing one cache need two
+    # names, or each load rebuilds over the other's
+    here, there = tmp_path / "a" / "_fused_rms.cpp", tmp_path / "b" / "_fused_rms.cpp"
+    for path in (here, there):
+        path.parent.mkdir()
+        path.write_text("int f() { return 1; }\n")
+    torch_a, torch_b = "/venv-a/torch/__init__.py", "/venv-b/torch/__init__.py"
+    name = _fused_rms.build_name("cpu1", here, torch_a)
+    assert name == _fused_rms.build_name("cpu1", here, torch_a)  # the same build: found again
+    assert name.startswith("normlab_fused_rms_cpu1_")
+    others = [
+        _fused_rms.build_name("cpu2", here, torch_a),  # another CPU type
+        _fused_rms.build_name("cpu1", there, torch_a),  # another checkout
+        _fused_rms.build_name("cpu1", here, torch_b),  # another venv
+    ]
+    here.write_text("int f() { return 2; }\n")
+    others.append(_fused_rms.build_name("cpu1", here, torch_a))  # another source
+    assert len({name, *others}) == 5
+    assert _fused_rms.build_name(None, here, torch_a) == others[-1].replace("cpu1_", "")

@@ -42,6 +42,18 @@ def _cpu_tag() -> str | None:
     return hashlib.sha1(flags.encode()).hexdigest()[:8]
 
 
+def build_name(tag: str | None, source: Path = SOURCE, torch_dir: str = torch.__file__) -> str:
+    """The kernel's name in the extension cache. -march=native tunes a build to this CPU
+    (AVX2/AVX-512 where present), so the name carries the CPU's feature flags (`tag`, None:
+    unknown, a portable build) and another CPU type gets a build of its own. Then a hash of the
+    source, of its path and of the torch it builds against: torch rebuilds a cached build whose
+    build file differs, and that file names both paths, so two checkouts or venvs sharing one
+    cache would rebuild over each other's (~30 s each time) without them."""
+    key = source.read_bytes() + f"\0{source.resolve()}\0{Path(torch_dir).resolve()}".encode()
+    digest = hashlib.sha1(key).hexdigest()[:8]
+    return f"normlab_fused_rms_{tag}_{digest}" if tag else f"normlab_fused_rms_{digest}"
+
+
 @torch.compiler.assume_constant_result  # torch.compile reads the answer as a constant
 def available() -> bool:
     """Build (or load from the cache) the kernel once per process; False if that fails."""
@@ -61,15 +73,10 @@ def _build() -> bool:
         finally:
             cpp_log.setLevel(level)
 
-        # -march=native: the build is tuned to this CPU (AVX2/AVX-512 where present), so its
-        # name carries the CPU's feature flags and another CPU type gets a build of its own;
-        # and a hash of the source, so that checkouts with different sources sharing one cache
-        # each load their own build instead of rebuilding over each other's
         tag = _cpu_tag()
-        source = hashlib.sha1(SOURCE.read_bytes()).hexdigest()[:8]
         log.info("loading the fused RMSNorm kernel (compiled once into the torch extension cache)")
         load(
-            name=f"normlab_fused_rms_{tag}_{source}" if tag else f"normlab_fused_rms_{source}",
+            name=build_name(tag),
             sources=[str(SOURCE)],
             extra_cflags=["-O3", "-fopenmp", *(["-march=native"] if tag else [])],
             extra_ldflags=["-fopenmp"],
