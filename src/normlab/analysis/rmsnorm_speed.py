@@ -54,6 +54,7 @@ BASELINE_FIRST = "time/baseline_first"
 IDENTITY_MS = "time/identity_step_ms"  # the twin with no norm
 MODEL_OP, BASELINE_OP = "time/model_op_ms", "time/baseline_op_ms"  # the norms' calls alone
 TIMES = (MODEL_MS, BASELINE_MS, BASELINE_FIRST, IDENTITY_MS, MODEL_OP, BASELINE_OP)
+MODEL_TIMES = (MODEL_MS, BASELINE_MS, IDENTITY_MS, MODEL_OP, BASELINE_OP)  # a per-model step's
 SPEED_ARM = re.compile(r"^speed/(?P<norm>\w+)/t(?P<threads>\d+)$")
 MODEL_ARM = re.compile(r"^speed/(?P<model>\w+)/(?P<norm>\w+)/t(?P<threads>\d+)$")
 MAX_SHARE = 1 - MAX_RATIO  # LayerNorm's share of a step below this: no norm can save 7% of it
@@ -342,7 +343,7 @@ def model_pairs(data: pd.DataFrame, model: str, norm: str, threads: int) -> pd.D
     rows with all three twins' times and both ops' times."""
     rows = data[data["arm"] == f"speed/{model}/{norm}/t{threads}"]
     table = rows.pivot_table(index=["seed", "x"], columns="metric", values="value")
-    needed = [MODEL_MS, BASELINE_MS, IDENTITY_MS, MODEL_OP, BASELINE_OP]
+    needed = list(MODEL_TIMES)
     if table.empty or any(c not in table for c in needed):
         none = pd.MultiIndex.from_tuples([], names=["seed", "x"])
         return pd.DataFrame(columns=needed, index=none)
@@ -383,10 +384,9 @@ def speed_numbers(c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def joint_intervals(table: pd.DataFrame) -> dict[str, Interval]:
     """speed_numbers of a per-model arm's timed steps, with their bootstrap CIs: the steps
-    resampled together, within each repeat; the five numbers read the same resamples."""
-    if table.empty:
-        return dict.fromkeys(STATISTICS, bootstrap([]))
-    columns = {c: table[c].to_numpy(dtype=float) for c in TIMES if c != BASELINE_FIRST}
+    resampled together, within each repeat; the five numbers read the same resamples (NaN
+    intervals for an arm with no timed steps)."""
+    columns = {c: table[c].to_numpy(dtype=float) for c in MODEL_TIMES}
     seeds = table.index.get_level_values("seed").to_numpy()
     positions = np.arange(len(table), dtype=float)
     groups = [positions[seeds == s] for s in np.unique(seeds)]

@@ -42,14 +42,14 @@ def _cpu_tag() -> str | None:
     return hashlib.sha1(flags.encode()).hexdigest()[:8]
 
 
-def build_name(tag: str | None, source: Path = SOURCE, torch_dir: str = torch.__file__) -> str:
+def build_name(tag: str | None, source: Path = SOURCE, torch_file: str = torch.__file__) -> str:
     """The kernel's name in the extension cache. -march=native tunes a build to this CPU
     (AVX2/AVX-512 where present), so the name carries the CPU's feature flags (`tag`, None:
     unknown, a portable build) and another CPU type gets a build of its own. Then a hash of the
     source, of its path and of the torch it builds against: torch rebuilds a cached build whose
     build file differs, and that file names both paths, so two checkouts or venvs sharing one
     cache would rebuild over each other's (~30 s each time) without them."""
-    key = source.read_bytes() + f"\0{source.resolve()}\0{Path(torch_dir).resolve()}".encode()
+    key = source.read_bytes() + f"\0{source.resolve()}\0{Path(torch_file).resolve()}".encode()
     digest = hashlib.sha1(key).hexdigest()[:8]
     return f"normlab_fused_rms_{tag}_{digest}" if tag else f"normlab_fused_rms_{digest}"
 
