@@ -4,6 +4,7 @@ redoes failed ones and resumes killed ones. Same seed, same metrics."""
 from __future__ import annotations
 
 import csv
+import json
 import os
 import signal
 import subprocess
@@ -69,6 +70,37 @@ def test_a_joblib_sweep_with_a_failed_job_runs_every_job_then_exits_non_zero(tmp
     assert status == {"batch=16": "ok", "batch=0": "failed", "batch=8": "ok"}
     assert len(list(tmp_path.glob("*/csv/metrics.csv"))) == 2  # both other jobs trained
     assert not list(tmp_path.glob(".outcomes-*"))
+
+
+@pytest.mark.timeout(300)
+def test_multiruns_in_one_process_keep_their_own_outcomes_and_stop_at_a_bad_config(tmp_path):
+    # a reproduction's grids run in one process: the second joblib multirun's workers must
+    # report to its own outcome folder, not to the first's (loky keeps a pool for reuse)
+    joblib = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *TINY, "test=false"]
+    runs = [["-m", "batch=16,8", *joblib, f"hydra.sweep.dir={tmp_path / 'a'}"],
+            ["-m", "batch=16,0", *joblib, f"hydra.sweep.dir={tmp_path / 'b'}"],
+            ["-m", "norm=no_such_norm", *TINY, f"hydra.sweep.dir={tmp_path / 'c'}"],
+            ["-m", "batch=16", *TINY, f"hydra.sweep.dir={tmp_path / 'd'}"]]  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", "normlab.sweep.multiruns", json.dumps(runs)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-3000:]  # the bad config's exit, and nothing after
+    assert proc.stdout.count("+ ") == 3 and not (tmp_path / "d").exists()
+    assert [r["status"] for r in summary(tmp_path / "a").values()] == ["ok", "ok"]
+    assert [r["status"] for r in summary(tmp_path / "b").values()] == ["ok", "failed"]
+    assert f"error: 1 failed of 2 jobs ({tmp_path / 'b'}/summary.csv)" in proc.stderr
+    assert "Could not find 'norm/no_such_norm'" in proc.stderr
+
+
+def test_multiruns_exit_with_the_first_stopping_code_else_jobs_failed_if_any(monkeypatch):
+    from normlab.sweep import multiruns
+
+    for codes, expected, ran in (([0, 0], 0, 2), ([0, EXIT_JOBS_FAILED, 0], EXIT_JOBS_FAILED, 3),
+                                 ([EXIT_JOBS_FAILED, 130, 0], 130, 2), ([2, 0], 2, 1)):  # fmt: skip
+        calls = []
+        monkeypatch.setattr(multiruns, "run", lambda args, codes=codes, calls=calls:
+                            calls.append(args) or codes[len(calls) - 1])  # fmt: skip
+        assert multiruns.main([[str(i)] for i in range(len(codes))]) == expected
+        assert len(calls) == ran
 
 
 def test_a_sweep_of_ok_jobs_exits_0_and_its_rerun_skips_them_without_loading_torch(tmp_path):

@@ -9,6 +9,7 @@ finished row for its overrides with the same resolved config and training-code v
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import re
 import subprocess
@@ -304,9 +305,10 @@ def run(
     log=print,
     threads: int | None = None,
 ) -> float:
-    """Run (or complete) every grid's sweep; return the wall time in seconds. A sweep in which
-    some jobs failed or diverged (exit code EXIT_JOBS_FAILED) still counts: its summary has
-    their status, and the analysis reads it."""
+    """Run (or complete) every grid's sweep, one `train.py -m` multirun each, all in one process
+    (normlab.sweep.multiruns: torch and Lightning load once); return the wall time in seconds. A
+    sweep in which some jobs failed or diverged (exit code EXIT_JOBS_FAILED) still counts: its
+    summary has their status, and the analysis reads it."""
     jobs = max(1, min(jobs, repro.max_jobs or jobs))
     # Threads through the environment, not an override: a job's overrides are its identity in
     # summary.csv, and the same job run with another --jobs must still count as done.
@@ -315,16 +317,18 @@ def run(
     if repro.prepare is not None:
         repro.prepare(REPO)
     start = time.time()
+    runs = []
     for g in repro.grids:
         sweep = sweep_dir(root, repro.name, quick, g.name).resolve()
         seeded = seed_override(g.seed_count(seeds, quick), g.only_seeds)
         cmd = command(g, repro.budget(quick), quick, sweep, jobs, seeded)
-        log("+ " + " ".join(cmd))
-        done = subprocess.run(cmd, cwd=REPO, env=env)
-        if done.returncode == EXIT_JOBS_FAILED:
-            log(f"{repro.name}: some jobs failed or diverged, see {sweep / 'summary.md'}")
-        elif done.returncode != 0:
-            raise RuntimeError(f"{repro.name}: sweep exited with code {done.returncode}")
+        runs.append(cmd[2:])  # train.py's arguments
+    cmd = [sys.executable, "-m", "normlab.sweep.multiruns", json.dumps(runs)]
+    done = subprocess.run(cmd, cwd=REPO, env=env)  # prints each multirun's command as it starts
+    if done.returncode == EXIT_JOBS_FAILED:
+        log(f"{repro.name}: some jobs failed or diverged, see the summary.md named above")
+    elif done.returncode != 0:
+        raise RuntimeError(f"{repro.name}: sweep exited with code {done.returncode}")
     return time.time() - start
 
 

@@ -1,0 +1,80 @@
+"""Several multiruns of train.py in turn, in this one process:
+
+    python -m normlab.sweep.multiruns '[["-m", "experiment=bn_lenet", ...], ...]'
+
+run from the checkout. Each list is run as `python train.py ARGS` runs it (train.py executed as
+__main__ with those arguments), so its jobs, run dirs and summary rows are the same; torch,
+Lightning and torchmetrics load once here instead of once per multirun (about 5 s each on this
+CPU, against quick jobs of a few seconds). A reproduction's grids run this way
+(normlab.analysis.sweep.run).
+
+Each multirun prints its command first. One whose jobs failed or diverged (EXIT_JOBS_FAILED)
+does not stop the rest; any other non-zero exit (a bad config, Ctrl+C) stops them and is this
+process's exit code. Otherwise the exit code is EXIT_JOBS_FAILED when some multirun's was, else 0.
+"""
+
+from __future__ import annotations
+
+import json
+import runpy
+import sys
+
+from hydra.core.global_hydra import GlobalHydra
+
+from normlab.sweep.callbacks import EXIT_JOBS_FAILED
+
+TRAIN = "train.py"
+
+
+def _code(exit: SystemExit) -> int:
+    """The exit status Python gives a process ended by this SystemExit."""
+    if exit.code is None:
+        return 0
+    if isinstance(exit.code, int):
+        return exit.code
+    print(exit.code, file=sys.stderr)  # SystemExit("error: ...") says its line and exits 1
+    return 1
+
+
+def _fresh_workers() -> None:
+    """Stop the joblib worker pool a multirun leaves for reuse (hydra/launcher=joblib): the next
+    multirun's workers must start with its own environment (its jobs' outcome folder,
+    normlab.sweep.jobs.OUTCOMES_ENV), as they do in a process of their own."""
+    reusable = sys.modules.get("joblib.externals.loky.reusable_executor")
+    executor = getattr(reusable, "_executor", None)
+    if executor is not None:
+        executor.shutdown(wait=True, kill_workers=True)
+
+
+def run(args: list[str]) -> int:
+    """`python train.py ARGS` in this process; its exit code."""
+    print("+ " + " ".join([sys.executable, TRAIN, *args]), flush=True)
+    sys.argv = [TRAIN, *args]
+    try:
+        runpy.run_path(TRAIN, run_name="__main__")
+        return 0
+    except SystemExit as exit:
+        return _code(exit)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        GlobalHydra.instance().clear()
+        _fresh_workers()
+
+
+def main(runs: list[list[str]]) -> int:
+    failed = False
+    for args in runs:
+        code = run(args)
+        if code not in (0, EXIT_JOBS_FAILED):
+            return code
+        failed |= code == EXIT_JOBS_FAILED
+    return EXIT_JOBS_FAILED if failed else 0
+
+
+if __name__ == "__main__":
+    try:
+        raise SystemExit(main(json.loads(sys.argv[1])))
+    except KeyboardInterrupt:  # Ctrl+C between multiruns (inside one, its run says how to resume)
+        print("interrupted (SIGINT)", file=sys.stderr)
+        raise SystemExit(130) from None
