@@ -291,6 +291,21 @@ def test_seeds_text_lists_the_seeds_per_group_of_arms():
     rows = [("init/x", s) for s in range(4)] + [(a, s) for a in ("p", "q", "r") for s in (0, 1)]
     mixed = pd.DataFrame(rows, columns=["arm", "seed"])
     assert report.seeds_text(mixed) == "0, 1, 2, 3 for init/x; 0, 1 for the other 3 arms"
+    # an arm whose jobs at one swept value ran more seeds than at another: listed per value
+    jobs = pd.DataFrame(
+        [("bn", s, f"norm=batchnorm per_device={b} seed={s}") for b in (32, 2) for s in range(5)]
+        + [("bn", s, f"norm=batchnorm per_device=8 seed={s}") for s in range(3)]
+        + [
+            (n, s, f"norm={n} per_device={b} seed={s}")
+            for n in ("gn", "ln")
+            for b in (32, 2)
+            for s in range(3)
+        ],
+        columns=["arm", "seed", "overrides"],
+    )
+    assert report.seeds_text(jobs) == (
+        "0, 1, 2, 3, 4 for bn (per_device=2), bn (per_device=32); 0, 1, 2 for the other 3 arms"
+    )
 
 
 # ----- bn_lenet: logs -> runs.csv -> claims -------------------------------------------------------

@@ -18,6 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from normlab.analysis import gates, stats  # noqa: E402
+from normlab.analysis.logs import parse_overrides  # noqa: E402
 from normlab.tables import cell, markdown_table  # noqa: E402, F401 (cell: report.cell)
 
 
@@ -382,10 +383,31 @@ def evidence_paths(out_dir: Path, name: str) -> dict[str, Path]:
     }
 
 
+def _settings(jobs: pd.DataFrame) -> pd.Series:
+    """Each job's arm, with the values of the overrides (seed aside) that its arm's jobs ran at
+    unequal seed sets, e.g. 'batchnorm (per_device=2)'; its arm alone where all share seeds."""
+    labels = jobs["arm"].astype(str)
+    if "overrides" not in jobs:
+        return labels
+    for arm, rows in jobs.groupby("arm", sort=False):
+        keys = pd.DataFrame([parse_overrides(o) for o in rows["overrides"].fillna("")],
+                            index=rows.index).drop(columns="seed", errors="ignore")  # fmt: skip
+        varying = [k for k in keys.columns if keys[k].nunique(dropna=False) > 1]
+        at = pd.Series([", ".join(f"{k}={keys.at[i, k]}" for k in varying) for i in rows.index],
+                       index=rows.index)  # fmt: skip
+        seeds = rows.groupby(at)["seed"].agg(lambda s: tuple(sorted(set(map(int, s)))))
+        if seeds.nunique() > 1:
+            labels[rows.index] = [f"{arm} ({a})" for a in at]
+    return labels
+
+
 def seeds_text(jobs: pd.DataFrame) -> str:
     """The seeds each arm ran: '0, 1, 2 for every arm', or a list per group of arms (the
-    largest group last, as 'the other N arms')."""
-    per_arm = jobs.groupby("arm", sort=True)["seed"].agg(lambda s: tuple(sorted(set(map(int, s)))))
+    largest group last, as 'the other N arms'). An arm whose jobs at some swept values ran other
+    seeds than at others is listed per value, e.g. 'batchnorm (per_device=2)'."""
+    per_arm = jobs.groupby(_settings(jobs), sort=True)["seed"].agg(
+        lambda s: tuple(sorted(set(map(int, s))))
+    )
     groups: dict[tuple[int, ...], list[str]] = {}
     for arm, seeds in per_arm.items():
         groups.setdefault(seeds, []).append(str(arm))
