@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import shutil
 import subprocess
@@ -836,7 +837,10 @@ def test_a_grid_with_its_own_seeds_keeps_them_under_the_full_budget(tmp_path, mo
                         subprocess.CompletedProcess(cmd, 0))  # fmt: skip
     sweep.run(repro, False, tmp_path, jobs=1, seeds=3)
     sweep.run(repro, True, tmp_path, jobs=1, seeds=2)
-    seeds = [[a for a in cmd if a.startswith("seed=")] for cmd in commands]
+    # one process per call, its train.py arguments per grid (normlab.sweep.multiruns)
+    assert all(cmd[1:3] == ["-m", "normlab.sweep.multiruns"] for cmd in commands)
+    grids = [args for cmd in commands for args in json.loads(cmd[-1])]
+    seeds = [[a for a in args if a.startswith("seed=")] for args in grids]
     assert seeds == [["seed=0,1,2,3,4,5,6,7,8,9"], ["seed=0,1,2"], ["seed=0,1"], ["seed=0,1"]]
     init = sweep.sweep_dir(tmp_path, "demo", False, "init")
     for seed in range(12):  # seeds 10 and 11: left by an earlier grid with more seeds
