@@ -34,13 +34,13 @@ from normlab.analysis.sweep import (
     Budget,
     Grid,
     Reproduction,
-    command,
     grid_values,
     in_grid,
     jobs_frame,
     seed_override,
     sweep_dir,
     task_overrides,
+    train_args,
 )
 from normlab.sweep import summary
 
@@ -799,18 +799,18 @@ ANALYSIS = (pd.DataFrame, lambda data: None)
 # ----- sweeps of a reproduction ---------------------------------------------------------------
 
 
-def test_command_sweep_dirs_and_grid_values(tmp_path: Path):
+def test_train_args_sweep_dirs_and_grid_values(tmp_path: Path):
     grid = Grid(
         "bn", "gn_batch_size", ("norm=batchnorm", "per_device=16,8"), quick=("per_device=2",)
     )
     budget = Budget(("trainer.max_epochs=1", "per_device=32,2"), "quick")
     assert sweep_dir(tmp_path, "demo", True, "bn") == tmp_path / "outputs/reproduce/demo-quick/bn"
     assert sweep_dir(tmp_path, "demo", False) == tmp_path / "outputs/reproduce/demo"
-    cmd = command(grid, budget, True, tmp_path / "s", jobs=2, seeds=seed_override(2))
+    args = train_args(grid, budget, True, tmp_path / "s", jobs=2, seeds=seed_override(2))
     # a later value of a key replaces an earlier one, in the earlier one's place
-    assert cmd[1:8] == ["train.py", "-m", "experiment=gn_batch_size", "norm=batchnorm",
-                        "per_device=2", "trainer.max_epochs=1", "seed=0,1"]  # fmt: skip
-    assert "hydra/launcher=joblib" in cmd and f"hydra.sweep.dir={tmp_path / 's'}" in cmd
+    assert args[:6] == ["-m", "experiment=gn_batch_size", "norm=batchnorm", "per_device=2",
+                        "trainer.max_epochs=1", "seed=0,1"]  # fmt: skip
+    assert "hydra/launcher=joblib" in args and f"hydra.sweep.dir={tmp_path / 's'}" in args
     assert task_overrides(grid, budget, True) == {
         "experiment": "gn_batch_size", "norm": "batchnorm", "per_device": "2",
         "trainer.max_epochs": "1",

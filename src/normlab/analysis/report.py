@@ -383,6 +383,11 @@ def evidence_paths(out_dir: Path, name: str) -> dict[str, Path]:
     }
 
 
+def _seed_set(seeds: pd.Series) -> tuple[int, ...]:
+    """The distinct seeds of some jobs, in order."""
+    return tuple(sorted(set(map(int, seeds))))
+
+
 def _settings(jobs: pd.DataFrame) -> pd.Series:
     """Each job's arm, with the values of the overrides (seed aside) that its arm's jobs ran at
     unequal seed sets, e.g. 'batchnorm (per_device=2)'; its arm alone where all share seeds."""
@@ -395,7 +400,7 @@ def _settings(jobs: pd.DataFrame) -> pd.Series:
         varying = [k for k in keys.columns if keys[k].nunique(dropna=False) > 1]
         at = pd.Series([", ".join(f"{k}={keys.at[i, k]}" for k in varying) for i in rows.index],
                        index=rows.index)  # fmt: skip
-        seeds = rows.groupby(at)["seed"].agg(lambda s: tuple(sorted(set(map(int, s)))))
+        seeds = rows.groupby(at)["seed"].agg(_seed_set)
         if seeds.nunique() > 1:
             labels[rows.index] = [f"{arm} ({a})" for a in at]
     return labels
@@ -405,9 +410,7 @@ def seeds_text(jobs: pd.DataFrame) -> str:
     """The seeds each arm ran: '0, 1, 2 for every arm', or a list per group of arms (the
     largest group last, as 'the other N arms'). An arm whose jobs at some swept values ran other
     seeds than at others is listed per value, e.g. 'batchnorm (per_device=2)'."""
-    per_arm = jobs.groupby(_settings(jobs), sort=True)["seed"].agg(
-        lambda s: tuple(sorted(set(map(int, s))))
-    )
+    per_arm = jobs.groupby(_settings(jobs), sort=True)["seed"].agg(_seed_set)
     groups: dict[tuple[int, ...], list[str]] = {}
     for arm, seeds in per_arm.items():
         groups.setdefault(seeds, []).append(str(arm))

@@ -270,15 +270,16 @@ def job_threads(jobs: int, threads: int | None = None) -> int:
     return threads or max(1, (os.cpu_count() or 1) // jobs)
 
 
-def command(
+def train_args(
     grid: Grid, budget: Budget, quick: bool, sweep: Path, jobs: int, seeds: tuple[str, ...] = ()
 ) -> list[str]:
-    """The `python train.py -m ...` command of one grid (joblib launcher when jobs > 1)."""
-    cmd = [sys.executable, "train.py", "-m", f"experiment={grid.experiment}"]
-    cmd += [*grid.all_overrides(budget, quick), *seeds, f"hydra.sweep.dir={sweep}"]
+    """The arguments of one grid's `python train.py -m ...` multirun (joblib launcher when
+    jobs > 1); normlab.sweep.multiruns runs it and prints it as that command."""
+    args = ["-m", f"experiment={grid.experiment}", *grid.all_overrides(budget, quick), *seeds]
+    args.append(f"hydra.sweep.dir={sweep}")
     if jobs > 1:
-        cmd += ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={jobs}"]
-    return cmd
+        args += ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={jobs}"]
+    return args
 
 
 def task_overrides(grid: Grid, budget: Budget, quick: bool) -> dict[str, str]:
@@ -321,8 +322,7 @@ def run(
     for g in repro.grids:
         sweep = sweep_dir(root, repro.name, quick, g.name).resolve()
         seeded = seed_override(g.seed_count(seeds, quick), g.only_seeds)
-        cmd = command(g, repro.budget(quick), quick, sweep, jobs, seeded)
-        runs.append(cmd[2:])  # train.py's arguments
+        runs.append(train_args(g, repro.budget(quick), quick, sweep, jobs, seeded))
     cmd = [sys.executable, "-m", "normlab.sweep.multiruns", json.dumps(runs)]
     done = subprocess.run(cmd, cwd=REPO, env=env)  # prints each multirun's command as it starts
     if done.returncode == EXIT_JOBS_FAILED:
