@@ -444,8 +444,8 @@ def main(argv: list[str] | None = None) -> None:
         "--threads",
         type=int,
         default=None,
-        help="torch threads per job (default: the cores shared out between the --jobs; 1 runs "
-        "two reproductions side by side)",
+        help="torch threads per job (default: the cores shared out between the --jobs, "
+        "OMP_NUM_THREADS of them where set; 1 runs two reproductions side by side)",
     )
     parser.add_argument("--root", type=Path, default=REPO, help="where outputs/ goes")
     parser.add_argument("--list", action="store_true", help="print names and budgets")

@@ -66,11 +66,34 @@ def test_unknown_name_fails_with_the_valid_ones(tmp_path: Path):
     assert done.returncode != 0 and "bn_lenet" in done.stderr and "gn_batch_size" in done.stderr
 
 
-def test_threads_per_job_share_the_cores_unless_given(tmp_path: Path):
+def test_the_test_workers_share_the_cores_out():
+    # conftest sets OMP_NUM_THREADS in each xdist worker before torch loads: its torch, and
+    # every train.py or reproduce.py it starts, get cores // workers threads, never more
+    import torch
+    from conftest import USER_THREADS
+
+    if USER_THREADS is not None:
+        pytest.skip(f"OMP_NUM_THREADS={USER_THREADS} was set before the tests")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    share = max(1, (os.cpu_count() or 1) // workers)
+    assert os.environ.get("OMP_NUM_THREADS", str(share)) == str(share)  # unset without xdist
+    assert torch.get_num_threads() == share
+
+
+def test_threads_per_job_share_the_cores_unless_given(tmp_path: Path, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # every core (a test worker sets it)
     cores = os.cpu_count() or 1
     assert sweep.job_threads(1) == cores and sweep.job_threads(2) == max(1, cores // 2)
     assert sweep.job_threads(cores * 4) == 1  # never 0
     assert sweep.job_threads(2, threads=1) == 1 and sweep.job_threads(1, threads=3) == 3
+    # the cores this process was given (OMP_NUM_THREADS, OpenMP's nested form too)
+    for given, one_job, two_jobs in (("6", 6, 3), ("1", 1, 1), ("4,2", 4, 2)):
+        monkeypatch.setenv("OMP_NUM_THREADS", given)
+        assert (sweep.job_threads(1), sweep.job_threads(2)) == (one_job, two_jobs)
+        assert sweep.job_threads(2, threads=5) == 5
+    for unusable in ("", "0", "many"):
+        monkeypatch.setenv("OMP_NUM_THREADS", unusable)
+        assert sweep.job_threads(1) == cores
     done = reproduce("bn_lenet", "--threads", "0", root=tmp_path)
     assert done.returncode == 2 and "--threads must be >= 1, got 0" in done.stderr
     assert not (tmp_path / "outputs").exists()  # refused before any work

@@ -33,7 +33,7 @@ from normlab.analysis.curves import metric
 from normlab.analysis.logs import Run
 from normlab.analysis.report import Claim, Result
 from normlab.analysis.stats import ABOVE, Interval
-from normlab.analysis.sweep import REPO
+from normlab.analysis.sweep import REPO, job_threads
 
 # ----- the paper's numbers (DiT Table 4: XL/2, 400K steps, FID-50K on ImageNet 256, no cfg) ----
 PAPER_FID = {"adaln_zero": 19.47, "adaln": 25.21, "cross_attn": 26.14, "in_context": 35.24}
@@ -109,7 +109,7 @@ def resample(runs: list[Run], jobs: int, repo: Path) -> None:
         if run.status == "ok":
             first.setdefault(run.arm, run)
     todo = [r for r in first.values() if not (r.run_dir / RESAMPLE_FILE).is_file()]
-    threads = max(1, (os.cpu_count() or 1) // max(1, jobs))
+    threads = job_threads(max(1, jobs))
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     for start in range(0, len(todo), max(1, jobs)):
         batch = [

@@ -266,8 +266,11 @@ def figures_dir(root: Path, quick: bool) -> Path:
 
 def job_threads(jobs: int, threads: int | None = None) -> int:
     """Torch threads per job: `threads` where given (e.g. 1, to run two reproductions side by
-    side), else the cores shared out between the parallel jobs."""
-    return threads or max(1, (os.cpu_count() or 1) // jobs)
+    side), else the cores shared out between the parallel jobs: this process's OMP_NUM_THREADS
+    where set (e.g. by a test worker, or by the user), else every core."""
+    own = os.environ.get("OMP_NUM_THREADS", "").split(",")[0]  # OpenMP's '4,2': 4 at the top
+    cores = int(own) if own.isdigit() and int(own) > 0 else os.cpu_count() or 1
+    return threads or max(1, cores // jobs)
 
 
 def train_args(
