@@ -21,9 +21,9 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("NORMLAB_PROGRESS", "none")  # no progress bar or epoch lines in test output
 # The cores shared out between the xdist workers (`-n auto`: one per core), for their own torch
-# and every train.py or reproduce.py they start (which read OMP_NUM_THREADS): two workers at two
-# threads each on two cores oversubscribe them, and OpenMP's spinning barriers then crawl. Set in
-# the workers only: the controller's environment is theirs too. The user's own setting wins.
+# and every train.py or reproduce.py they start (which read OMP_NUM_THREADS), instead of every
+# worker's torch asking for all the cores. Set in the workers only: the controller's environment
+# is theirs too. The user's own setting wins.
 USER_THREADS = os.environ.get("OMP_NUM_THREADS")
 if "PYTEST_XDIST_WORKER" in os.environ and USER_THREADS is None:
     _workers = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
