@@ -94,6 +94,9 @@ def test_threads_per_job_share_the_cores_unless_given(tmp_path: Path, monkeypatc
     for unusable in ("", "0", "many"):
         monkeypatch.setenv("OMP_NUM_THREADS", unusable)
         assert sweep.job_threads(1) == cores
+    env = sweep.threads_env(3)  # a child job's share: both of torch's thread pools
+    assert (env["OMP_NUM_THREADS"], env["MKL_NUM_THREADS"]) == ("3", "3")
+    assert os.environ["OMP_NUM_THREADS"] == "many"  # this process's own is left alone
     done = reproduce("bn_lenet", "--threads", "0", root=tmp_path)
     assert done.returncode == 2 and "--threads must be >= 1, got 0" in done.stderr
     assert not (tmp_path / "outputs").exists()  # refused before any work

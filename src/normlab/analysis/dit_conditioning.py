@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from itertools import combinations
@@ -33,7 +32,7 @@ from normlab.analysis.curves import metric
 from normlab.analysis.logs import Run
 from normlab.analysis.report import Claim, Result
 from normlab.analysis.stats import ABOVE, Interval
-from normlab.analysis.sweep import REPO, job_threads
+from normlab.analysis.sweep import REPO, job_threads, threads_env
 
 # ----- the paper's numbers (DiT Table 4: XL/2, 400K steps, FID-50K on ImageNet 256, no cfg) ----
 PAPER_FID = {"adaln_zero": 19.47, "adaln": 25.21, "cross_attn": 26.14, "in_context": 35.24}
@@ -110,7 +109,7 @@ def resample(runs: list[Run], jobs: int, repo: Path) -> None:
             first.setdefault(run.arm, run)
     todo = [r for r in first.values() if not (r.run_dir / RESAMPLE_FILE).is_file()]
     threads = job_threads(max(1, jobs))
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    env = threads_env(threads)
     for start in range(0, len(todo), max(1, jobs)):
         batch = [
             (r, _resample_command(r, threads, repo)) for r in todo[start : start + max(1, jobs)]

@@ -273,6 +273,12 @@ def job_threads(jobs: int, threads: int | None = None) -> int:
     return threads or max(1, cores // jobs)
 
 
+def threads_env(threads: int) -> dict[str, str]:
+    """This process's environment with torch's thread pools (OpenMP, MKL) set to `threads`: how
+    a child job is given its share of the cores."""
+    return dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+
+
 def train_args(
     grid: Grid, budget: Budget, quick: bool, sweep: Path, jobs: int, seeds: tuple[str, ...] = ()
 ) -> list[str]:
@@ -316,8 +322,7 @@ def run(
     jobs = max(1, min(jobs, repro.max_jobs or jobs))
     # Threads through the environment, not an override: a job's overrides are its identity in
     # summary.csv, and the same job run with another --jobs must still count as done.
-    each = str(job_threads(jobs, threads))
-    env = dict(os.environ, OMP_NUM_THREADS=each, MKL_NUM_THREADS=each)
+    env = threads_env(job_threads(jobs, threads))
     if repro.prepare is not None:
         repro.prepare(REPO)
     start = time.time()
