@@ -174,24 +174,24 @@ def _plugin(jobs: pd.DataFrame) -> str | None:
     return None
 
 
-def _free_counts(repro: Reproduction, jobs: pd.DataFrame, quick: bool) -> pd.Series:
+def _free_counts(repro: Reproduction, jobs: pd.DataFrame) -> pd.Series:
     """Seeds per arm, arms of a grid that keeps its own count aside (unless every arm ran that
     many)."""
     counts = jobs.groupby("arm")["seed"].nunique()
-    own = [] if quick else [g.seeds for g in repro.grids if g.seeds is not None]
+    own = [g.seeds for g in repro.grids if g.seeds is not None]
     free = counts[~counts.isin(own)]
     return free if len(free) else counts
 
 
-def seeds_given(repro: Reproduction, jobs: pd.DataFrame, quick: bool) -> int:
+def seeds_given(repro: Reproduction, jobs: pd.DataFrame) -> int:
     """The --seeds behind a jobs.csv: the most seeds an arm ran (pilots' own counts aside)."""
-    return int(_free_counts(repro, jobs, quick).max())
+    return int(_free_counts(repro, jobs).max())
 
 
-def seeds_decided(repro: Reproduction, jobs: pd.DataFrame, quick: bool) -> bool:
+def seeds_decided(repro: Reproduction, jobs: pd.DataFrame) -> bool:
     """Whether a jobs.csv's arms ran unequal seed counts (pilots' own counts aside): seeds to a
     decision (--decide) ran more where a claim planned more."""
-    return _free_counts(repro, jobs, quick).nunique() > 1
+    return _free_counts(repro, jobs).nunique() > 1
 
 
 def redraw(name: str, quick: bool, root: Path, norm: str | None = None) -> dict[str, Path]:
@@ -204,7 +204,7 @@ def redraw(name: str, quick: bool, root: Path, norm: str | None = None) -> dict[
         raise SystemExit(f"{evidence}: no {paths['runs']} to redraw from (run it first)")
     data = pd.read_csv(paths["runs"])
     jobs = pd.read_csv(paths["jobs"], keep_default_na=False, na_values={"wall_time_s": [""]})
-    seeds = seeds_given(repro, jobs, quick)
+    seeds = seeds_given(repro, jobs)
     title = repro.title + (f"; with the norm {norm}" if norm else "")
     result = repro.render(data)
     if quick and result.notes:  # the analysis writes its notes for the full budget
@@ -212,7 +212,7 @@ def redraw(name: str, quick: bool, root: Path, norm: str | None = None) -> dict[
     return report.write_evidence(
         result, out, evidence, title,
         command_text(name, quick, seeds, norm, _plugin(jobs) if norm else None,
-                     seeds_decided(repro, jobs, quick)),
+                     seeds_decided(repro, jobs)),
         repro.budget(quick).text, jobs, default_seeds(quick, name), seed_cap(quick, name),
     )  # fmt: skip
 

@@ -829,7 +829,9 @@ def test_a_grid_with_its_own_seeds_keeps_them_under_the_full_budget(tmp_path, mo
     own = Grid("init", "ln_placement_init", seeds=10)
     other = Grid("bn", "gn_batch_size", ("norm=batchnorm",))
     assert (own.seed_count(3, False), other.seed_count(3, False)) == (10, 3)
-    assert own.seed_count(2, True) == 2  # --quick, a smoke test: --seeds for every grid
+    assert own.seed_count(2, True) == 2  # --quick, a smoke test: --seeds for every grid,
+    pilot = Grid("pilot", "gn_batch_size", seeds=1)  # a pilot of fewer seeds on its own
+    assert (pilot.seed_count(2, True), pilot.seed_count(3, False)) == (1, 1)
     assert own.seed_count(None, False) is None  # a reproduction without seeds
     repro = Reproduction("demo", "t", (own, other), Budget((), "f"), Budget((), "q"), *ANALYSIS)
     commands = []

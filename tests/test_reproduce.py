@@ -228,17 +228,20 @@ def test_redraw_takes_the_seeds_option_from_the_arms_that_follow_it():
         rows = [("init/a", s) for s in range(init)] + [("w/b", s) for s in range(warmup)]
         return pd.DataFrame(rows, columns=["arm", "seed"])
 
-    assert script.seeds_given(repro, jobs(10, 3), quick=False) == 3
-    assert script.seeds_given(repro, jobs(10, 10), quick=False) == 10  # --seeds 10
-    assert script.seeds_given(repro, jobs(2, 2), quick=True) == 2
+    assert script.seeds_given(repro, jobs(10, 3)) == 3
+    assert script.seeds_given(repro, jobs(10, 10)) == 10  # --seeds 10
+    assert script.seeds_given(repro, jobs(2, 2)) == 2  # --quick: every grid on --seeds
+    pilot = Reproduction("demo", "t", (Grid("pilot", "x", seeds=1), grids[1]), Budget((), ""),
+                         Budget((), ""), *ANALYSIS)  # fmt: skip
+    assert script.seeds_given(pilot, jobs(1, 2)) == 2  # ... a pilot of fewer on its own
     assert script.command_text("ln_rnn", False, 3) == "python scripts/reproduce.py ln_rnn"
     three = "python scripts/reproduce.py bn_lenet --seeds 3"  # bn_lenet declares 10 first
     assert script.command_text("bn_lenet", False, 3) == three
     # arms at unequal counts came from seeds to a decision: --seeds 20 would run all to 20
-    assert not script.seeds_decided(repro, jobs(10, 3), quick=False)
+    assert not script.seeds_decided(repro, jobs(10, 3))
     unequal = pd.concat([jobs(10, 3), pd.DataFrame({"arm": "w/c", "seed": range(5)})])
-    assert script.seeds_given(repro, unequal, quick=False) == 5
-    assert script.seeds_decided(repro, unequal, quick=False)
+    assert script.seeds_given(repro, unequal) == 5
+    assert script.seeds_decided(repro, unequal)
     decided = "python scripts/reproduce.py bn_lenet --decide"
     assert script.command_text("bn_lenet", False, 20, decided=True) == decided
 

@@ -53,10 +53,11 @@ class Grid:
 
     def seed_count(self, seeds: int | None, quick: bool) -> int | None:
         """How many seeds the grid runs: its own count under the full budget, else --seeds'
-        (--quick, a smoke test, runs every grid on --seeds; None: a reproduction without seeds)."""
-        if seeds is None or quick or self.seeds is None:
+        (--quick, a smoke test, runs every grid on --seeds, a pilot of fewer seeds on its own;
+        None: a reproduction without seeds)."""
+        if seeds is None or self.seeds is None:
             return seeds
-        return self.seeds
+        return min(seeds, self.seeds) if quick else self.seeds
 
     def all_overrides(self, budget: Budget, quick: bool) -> tuple[str, ...]:
         """The grid's overrides, then the budget's, then its quick ones: a later value of a key
