@@ -696,7 +696,7 @@ def test_ctrl_c_stops_cleanly_and_the_next_invocation_continues(tmp_path: Path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert "skipping finished job" in again.stderr + again.stdout
     jobs = pd.read_csv(tmp_path / "outputs" / "figures" / "quick" / "ln_rnn" / "jobs.csv")
-    assert (jobs["status"] == "ok").all() and len(jobs) == 8  # pilot and main: 4 jobs each
+    assert (jobs["status"] == "ok").all() and len(jobs) == 6  # pilot 2 (seed 0), main 4
 
 
 def test_a_quick_md_says_its_notes_describe_the_full_budget(tmp_path: Path):
