@@ -108,12 +108,11 @@ def resample(runs: list[Run], jobs: int, repo: Path) -> None:
         if run.status == "ok":
             first.setdefault(run.arm, run)
     todo = [r for r in first.values() if not (r.run_dir / RESAMPLE_FILE).is_file()]
-    threads = job_threads(max(1, jobs))
+    jobs = max(1, jobs)
+    threads = job_threads(jobs)
     env = threads_env(threads)
-    for start in range(0, len(todo), max(1, jobs)):
-        batch = [
-            (r, _resample_command(r, threads, repo)) for r in todo[start : start + max(1, jobs)]
-        ]
+    for start in range(0, len(todo), jobs):
+        batch = [(r, _resample_command(r, threads, repo)) for r in todo[start : start + jobs]]
         procs = [
             (r, subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.PIPE, text=True))
             for r, cmd in batch
