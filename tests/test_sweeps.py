@@ -234,3 +234,79 @@ def test_a_run_says_its_dir_first_and_a_multirun_its_summary_last(tmp_path):
     single = run_cli("batch=32", *TINY, "test=false", f"hydra.run.dir={tmp_path / 'one'}")
     lines = [line for line in single.stdout.splitlines() if "normlab." in line]
     assert lines[0].endswith(f"run dir: {tmp_path / 'one'}"), single.stdout[-2000:]
+
+
+class Loader:
+    """A config loader (a sweeper test's): a job's config is its overrides; bad=... fails."""
+
+    def __init__(self):
+        self.calls = []
+
+    def load_sweep_config(self, master_config, sweep_overrides):
+        from omegaconf import OmegaConf
+
+        self.calls.append(tuple(sweep_overrides))
+        if any(o.startswith("bad=") for o in sweep_overrides):
+            raise ValueError(f"cannot compose {sweep_overrides}")
+        return OmegaConf.create({"job": list(sweep_overrides)})
+
+
+def test_the_sweeper_composes_each_job_once_and_a_bad_job_still_fails_before_any_runs(
+    tmp_path, monkeypatch
+):
+    import pickle
+
+    from hydra.core.plugins import Plugins
+    from hydra.types import HydraContext
+    from omegaconf import OmegaConf
+
+    plugins = Plugins.instance()  # Hydra's scan loads the sweeper (and reloads its base) first
+    from hydra_plugins.normlab_sweeper.normlab_sweeper import ComposeOnceSweeper
+
+    class Launcher:  # as Hydra's basic launcher: composes each job through the context's loader
+        def __init__(self, hydra_context, task_function, config):
+            self.context, self.master, self.ran = hydra_context, config, []
+
+        def launch(self, job_overrides, initial_job_idx):
+            for overrides in job_overrides:
+                cfg = self.context.config_loader.load_sweep_config(self.master, list(overrides))
+                self.ran.append(list(cfg.job))
+            return []
+
+    monkeypatch.setattr(plugins, "instantiate_launcher", Launcher)
+
+    def sweeper_of(max_batch_size=None):
+        loader = Loader()
+        master = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+        sweeper = ComposeOnceSweeper(max_batch_size=max_batch_size)
+        sweeper.setup(hydra_context=HydraContext(config_loader=loader, callbacks=None),
+                      task_function=lambda cfg: None, config=master)  # fmt: skip
+        return sweeper, loader
+
+    for size in (None, 1):  # one batch of every job, or a batch per job
+        sweeper, loader = sweeper_of(size)
+        sweeper.sweep(["a=1,2", "b=x"])
+        assert loader.calls == [("a=1", "b=x"), ("a=2", "b=x")]  # once each, by the check
+        assert sweeper.launcher.ran == [["a=1", "b=x"], ["a=2", "b=x"]]
+    sweeper.launcher.launch([["a=3"]], 2)  # a job the check never saw is composed as before
+    assert loader.calls[-1] == ("a=3",) and sweeper.launcher.ran[-1] == ["a=3"]
+    # a launcher's worker processes get the plain loader, not the configs kept here
+    assert type(pickle.loads(pickle.dumps(sweeper.hydra_context.config_loader))) is Loader
+
+    sweeper, loader = sweeper_of()
+    with pytest.raises(ValueError, match="cannot compose"):
+        sweeper.sweep(["a=1,2", "bad=1"])
+    assert sweeper.launcher.ran == []  # the check failed on the first job: nothing ran
+
+
+@pytest.mark.parametrize(
+    "extra, sweeper",
+    [([], "ComposeOnceSweeper"), (["hparams_search=lenet_optuna"], "OptunaSweeper")],
+)
+def test_train_sweeps_with_the_compose_once_sweeper_unless_another_is_chosen(
+    compose, tmp_path, extra, sweeper
+):
+    from hydra.core.hydra_config import HydraConfig
+
+    compose(extra, tmp_path)
+    assert HydraConfig.get().sweeper._target_.endswith("." + sweeper)
