@@ -1,13 +1,17 @@
-"""fid_lenet of a DiT checkpoint (EMA weights) against the Fashion-MNIST test set.
+"""fid_lenet of DiT checkpoints (EMA weights) against the Fashion-MNIST test set.
 
-    python scripts/fid.py CKPT [--num-samples 1000] [--steps 25] [--guidance-scale G]
-                               [--lenet committed|cached|FILE] [--seed 0] [--num-threads 1]
+    python scripts/fid.py CKPT [CKPT ...] [--num-samples 1000] [--steps 25]
+                          [--guidance-scale G] [--lenet committed|cached|FILE] [--seed 0]
+                          [--num-threads 1]
 
-Different --seed values draw disjoint starting noise: two seeds of one checkpoint give the
-resampling noise of fid_lenet. The JSON line also reports the sampling time in seconds.
+One JSON line per checkpoint, in their order, each scored with the same settings; the LeNet and
+the test set's features load once. Different --seed values draw disjoint starting noise: two
+seeds of one checkpoint give the resampling noise of fid_lenet. Each line also reports the
+sampling time in seconds.
 
-The model is rebuilt from the run's composed config (<run dir>/.hydra/config.yaml, the run dir
-being CKPT/../..; or --config). fid_lenet is NOT Inception FID: see normlab.fid.
+Each model is rebuilt from its run's composed config (<run dir>/.hydra/config.yaml, the run dir
+being CKPT/../..; or --config, for one checkpoint). fid_lenet is NOT Inception FID: see
+normlab.fid.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from normlab.errors import UserError
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("ckpt", type=Path, help="a checkpoint of a diffusion run")
+    parser.add_argument("ckpt", type=Path, nargs="+", help="checkpoints of diffusion runs")
     parser.add_argument("--config", type=Path, help="default: CKPT/../../.hydra/config.yaml")
     parser.add_argument(
         "--lenet",
@@ -45,40 +49,42 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=500)
     parser.add_argument("--num-threads", type=int, default=1, help="torch threads (CPU)")
     args = parser.parse_args()
+    if args.config is not None and len(args.ckpt) > 1:
+        parser.error("--config names the config of one checkpoint; give one CKPT with it")
     torch.set_num_threads(args.num_threads)
-
-    cfg = OmegaConf.load(args.config or args.ckpt.parent.parent / ".hydra" / "config.yaml")
-    normlab.config.import_plugins(cfg)  # a norm of the run's own plugins
-    task = instantiate(cfg.model)
-    state = torch.load(args.ckpt, map_location="cpu", weights_only=False)["state_dict"]
-    task.load_state_dict(state)
     features = fid.load_feature_extractor(
         fid_train.feature_file(args.lenet, data_root=args.data_root)
     )
     reference = fid.feature_stats(features(fid.fashion_mnist_test_pixels(args.data_root)))
+    for ckpt in args.ckpt:
+        print(json.dumps(score(ckpt, args, features, reference)), flush=True)
+
+
+def score(ckpt: Path, args: argparse.Namespace, features, reference) -> dict:
+    """The JSON line of one checkpoint: its fid_lenet and the settings it was scored with."""
+    cfg = OmegaConf.load(args.config or ckpt.parent.parent / ".hydra" / "config.yaml")
+    normlab.config.import_plugins(cfg)  # a norm of the run's own plugins
+    task = instantiate(cfg.model)
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    task.load_state_dict(state)
     start = time.perf_counter()
     generated = fid.generate_pixels(
         task, args.num_samples, args.steps, args.guidance_scale, args.seed, args.batch_size
     )
     sample_seconds = time.perf_counter() - start
-    value = fid.fid_lenet(features, generated, reference)
-    print(
-        json.dumps(
-            {
-                "ckpt": str(args.ckpt),
-                "fid_lenet": value,
-                "num_samples": args.num_samples,
-                "seed": args.seed,
-                "steps": args.steps or task.sample_steps,
-                "guidance_scale": task.guidance_scale
-                if args.guidance_scale is None
-                else args.guidance_scale,
-                "sample_seconds": round(sample_seconds, 1),
-                "num_threads": args.num_threads,
-                "lenet_sha256": features.sha256[:12],
-            }
-        )
-    )
+    return {
+        "ckpt": str(ckpt),
+        "fid_lenet": fid.fid_lenet(features, generated, reference),
+        "num_samples": args.num_samples,
+        "seed": args.seed,
+        "steps": args.steps or task.sample_steps,
+        "guidance_scale": task.guidance_scale
+        if args.guidance_scale is None
+        else args.guidance_scale,
+        "sample_seconds": round(sample_seconds, 1),
+        "num_threads": args.num_threads,
+        "lenet_sha256": features.sha256[:12],
+    }
 
 
 if __name__ == "__main__":

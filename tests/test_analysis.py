@@ -1077,6 +1077,50 @@ def test_dit_conditioning_resamples_each_arms_first_seed_with_its_own_fid_settin
     assert not (runs[0].run_dir / dit_conditioning.RESAMPLE_FILE).exists()  # not the first seed
 
 
+# stands in for scripts/fid.py: logs its checkpoints, prints a JSON line for each (a checkpoint
+# in a dir named *broken* fails the process, after the lines before it)
+FAKE_FID = """
+import json, sys
+from pathlib import Path
+ckpts = [a for a in sys.argv[1:] if a.endswith(".ckpt")]
+with open(Path(__file__).with_name("calls.log"), "a") as log:
+    log.write(" ".join(Path(c).parent.parent.name for c in ckpts) + "\\n")
+for c in ckpts:
+    if "broken" in c:
+        sys.exit(1)
+    print("some warning")
+    print(json.dumps({"ckpt": c, "fid_lenet": float(len(c)), "seed": 1}))
+"""
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_resample_scores_the_checkpoints_of_one_setting_in_one_process_per_job(tmp_path, jobs):
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "fid.py").write_text(FAKE_FID)
+    arms = ["adaln", "adaln_zero", "cross_attn", "in_context", "broken"]
+    runs = [_dit_run(tmp_path, a, 1, 10.0, 0.05) for a in arms]
+    runs.append(_dit_run(tmp_path, "adaln", 3, 10.0, 0.05))  # not its arm's first seed
+    for i, run in enumerate(runs):
+        (run.run_dir / "checkpoints").mkdir()
+        (run.run_dir / "checkpoints" / "last.ckpt").write_bytes(b"")
+        cfg = OmegaConf.load(run.run_dir / ".hydra" / "config.yaml")
+        cfg.callbacks.fid.update(features="lenet.pt", data_root="data", batch_size=500)
+        if i == 3:  # one arm's fid settings differ: it is scored in a process of its own
+            cfg.callbacks.fid.num_samples = 100
+        OmegaConf.save(cfg, run.run_dir / ".hydra" / "config.yaml")
+    dit_conditioning.resample(runs, jobs=jobs, repo=tmp_path)
+    calls = (tmp_path / "scripts" / "calls.log").read_text().split("\n")[:-1]
+    same = ["adaln-1", "adaln_zero-1", "cross_attn-1", "broken-1"]
+    expected = [" ".join(same[i::jobs]) for i in range(jobs)] + ["in_context-1"]
+    assert sorted(calls) == sorted(expected)
+    for run in runs[:4]:  # each scored checkpoint's own JSON line, whole
+        line = (run.run_dir / dit_conditioning.RESAMPLE_FILE).read_text()
+        ckpt = str(run.run_dir / "checkpoints" / "last.ckpt")
+        assert json.loads(line) == {"ckpt": ckpt, "fid_lenet": float(len(ckpt)), "seed": 1}
+    assert not (runs[4].run_dir / dit_conditioning.RESAMPLE_FILE).exists()  # its process failed
+    assert not (runs[5].run_dir / dit_conditioning.RESAMPLE_FILE).exists()  # not a first seed
+
+
 def test_an_arm_named_by_a_resolver_reads_back_from_hydras_escaped_override():
     logged = r"norm=none arm=$\{normlab.norm_name\:norm\} seed=0"
     assert parse_overrides(logged)["arm"] == "${normlab.norm_name:norm}"

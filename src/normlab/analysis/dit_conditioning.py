@@ -69,7 +69,7 @@ def _resample_command(run: Run, threads: int, repo: Path) -> list[str] | None:
     """scripts/fid.py on the run's last checkpoint with the run's own fid settings, its LeNet
     and the next sample seed (disjoint starting noise); None when the run has no checkpoint or
     no fid."""
-    ckpt = run.run_dir / "checkpoints" / "last.ckpt"
+    ckpt = _last(run)
     config = run.run_dir / ".hydra" / "config.yaml"
     if not ckpt.is_file() or not config.is_file():
         return None
@@ -102,7 +102,9 @@ def _resample_command(run: Run, threads: int, repo: Path) -> list[str] | None:
 
 def resample(runs: list[Run], jobs: int, repo: Path) -> None:
     """Score each arm's lowest-seed finished checkpoint on a second sample set (written to
-    <run dir>/fid_resample.json; a run dir that has one is not scored again), `jobs` at a time."""
+    <run dir>/fid_resample.json; a run dir that has one is not scored again). Checkpoints of the
+    same fid settings share a scripts/fid.py process (its LeNet and the test set's features load
+    once, not once per checkpoint), split into `jobs` processes run at once."""
     first: dict[str, Run] = {}
     for run in sorted(runs, key=lambda r: int(r.get("seed"))):
         if run.status == "ok":
@@ -111,21 +113,47 @@ def resample(runs: list[Run], jobs: int, repo: Path) -> None:
     jobs = max(1, jobs)
     threads = job_threads(jobs)
     env = threads_env(threads)
-    for start in range(0, len(todo), jobs):
-        batch = [(r, _resample_command(r, threads, repo)) for r in todo[start : start + jobs]]
+    groups: dict[tuple[str, ...], list[Run]] = {}  # fid.py's command without its checkpoint
+    for run in todo:
+        cmd = _resample_command(run, threads, repo)
+        if cmd is not None:
+            groups.setdefault((*cmd[:2], *cmd[3:]), []).append(run)
+    shares = [(cmd, group[i::jobs]) for cmd, group in groups.items()
+              for i in range(min(jobs, len(group)))]  # fmt: skip
+    for start in range(0, len(shares), jobs):
         procs = [
-            (r, subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.PIPE, text=True))
-            for r, cmd in batch
-            if cmd is not None
-        ]
-        for run, proc in procs:
+            (share, subprocess.Popen([*cmd[:2], *(str(_last(r)) for r in share), *cmd[2:]],
+                                     cwd=repo, env=env, stdout=subprocess.PIPE, text=True))
+            for cmd, share in shares[start : start + jobs]
+        ]  # fmt: skip
+        for share, proc in procs:
             out, _ = proc.communicate()
-            if proc.returncode != 0:
-                print(f"dit_conditioning: resampling {run.run_dir} failed", file=sys.stderr)
-                continue
-            tmp = run.run_dir / (RESAMPLE_FILE + ".tmp")
-            tmp.write_text(out.strip().splitlines()[-1] + "\n")
-            tmp.replace(run.run_dir / RESAMPLE_FILE)  # never half-written
+            scored = _scored_lines(out)  # a process that failed midway still scored those before
+            for run in share:
+                line = scored.get(str(_last(run)))
+                if line is None:
+                    print(f"dit_conditioning: resampling {run.run_dir} failed", file=sys.stderr)
+                    continue
+                tmp = run.run_dir / (RESAMPLE_FILE + ".tmp")
+                tmp.write_text(line + "\n")
+                tmp.replace(run.run_dir / RESAMPLE_FILE)  # never half-written
+
+
+def _last(run: Run) -> Path:
+    return run.run_dir / "checkpoints" / "last.ckpt"
+
+
+def _scored_lines(out: str) -> dict[str, str]:
+    """scripts/fid.py's JSON lines by the checkpoint each scored."""
+    scored = {}
+    for line in out.splitlines():
+        try:
+            found = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(found, dict) and "ckpt" in found:
+            scored[str(found["ckpt"])] = line.strip()
+    return scored
 
 
 # ----- run logs -> runs.csv ----------------------------------------------------------------------
