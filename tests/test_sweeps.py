@@ -261,9 +261,11 @@ def test_the_sweeper_composes_each_job_once_and_a_bad_job_still_fails_before_any
     from omegaconf import OmegaConf
 
     plugins = Plugins.instance()  # Hydra's scan loads the sweeper (and reloads its base) first
+    from hydra._internal.core_plugins.basic_launcher import BasicLauncher
+
     from hydra_plugins.normlab_sweeper.normlab_sweeper import ComposeOnceSweeper
 
-    class Launcher:  # as Hydra's basic launcher: composes each job through the context's loader
+    class Launcher(BasicLauncher):  # as Hydra's: composes each job through the context's loader
         def __init__(self, hydra_context, task_function, config):
             self.context, self.master, self.ran = hydra_context, config, []
 
@@ -271,6 +273,13 @@ def test_the_sweeper_composes_each_job_once_and_a_bad_job_still_fails_before_any
             for overrides in job_overrides:
                 cfg = self.context.config_loader.load_sweep_config(self.master, list(overrides))
                 self.ran.append(list(cfg.job))
+            return []
+
+    class Elsewhere:  # a launcher whose jobs compose in their own processes (joblib, submitit)
+        def __init__(self, hydra_context, task_function, config):
+            pass
+
+        def launch(self, job_overrides, initial_job_idx):
             return []
 
     monkeypatch.setattr(plugins, "instantiate_launcher", Launcher)
@@ -297,6 +306,13 @@ def test_the_sweeper_composes_each_job_once_and_a_bad_job_still_fails_before_any
     with pytest.raises(ValueError, match="cannot compose"):
         sweeper.sweep(["a=1,2", "bad=1"])
     assert sweeper.launcher.ran == []  # the check failed on the first job: nothing ran
+
+    # a launcher that composes in its workers: the check composes and keeps nothing
+    monkeypatch.setattr(plugins, "instantiate_launcher", lambda **kw: Elsewhere(**kw))
+    sweeper, loader = sweeper_of()
+    sweeper.sweep(["a=1,2"])
+    assert loader.calls == [("a=1",), ("a=2",)]
+    assert sweeper.hydra_context.config_loader._kept == {}
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,9 @@ each job once. Everything else is the basic sweeper's: the same jobs in the same
 
 It is registered as `hydra/sweeper: basic`, the sweeper Hydra selects by default, so every
 multirun of train.py uses it; another sweeper (hydra/sweeper=optuna) replaces it as before. A
-launcher that composes in other processes (joblib) gets the plain config loader: the configs stay
-here and are dropped at the next batch.
+launcher that composes in other processes (joblib, submitit) cannot use configs composed here:
+under it the check is the basic sweeper's (composed, then dropped), and its workers get the plain
+config loader.
 """
 
 # no `from __future__ import annotations`: Hydra's plugin scan runs this module before it is in
@@ -19,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hydra._internal.core_plugins.basic_launcher import BasicLauncher
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper, BasicSweeperConf
 from hydra.core.config_store import ConfigStore
 from hydra.types import HydraContext, TaskFunction
@@ -69,6 +71,9 @@ class ComposeOnceSweeper(BasicSweeper):
         super().setup(hydra_context=context, task_function=task_function, config=config)
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
+        """Compose every job of the batch; keep them for a launcher that composes here."""
+        if not isinstance(self.launcher, BasicLauncher):
+            return super().validate_batch_is_legal(batch)
         assert self.hydra_context is not None and self.config is not None
         self.hydra_context.config_loader.keep(self.config, batch)  # type: ignore[attr-defined]
 

@@ -31,7 +31,7 @@ runs.csv rows the gates read (metric names; `gate_rows` writes them from a job's
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -215,17 +215,19 @@ def not_saturated(data: pd.DataFrame, arm: str) -> Gate:
                 f"up to {ratio:.2f} x the ceiling; {hit} of {len(at)} values at it")  # fmt: skip
 
 
-def by_arm(data: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    """runs.csv's rows split by arm, each arm's in their order: a gate reads one arm's rows, and
-    selecting them from a long runs.csv (~450k rows) for each gate costs more than the gate."""
-    return {str(arm): rows for arm, rows in data.groupby("arm", sort=False)}
+def by_arm(data: pd.DataFrame) -> defaultdict[str, pd.DataFrame]:
+    """runs.csv's rows split by arm, each arm's in their order (an arm without rows: none): a
+    gate reads one arm's rows, and selecting them from a long runs.csv (~450k rows) for each
+    gate costs more than the gate."""
+    split = {str(arm): rows for arm, rows in data.groupby("arm", sort=False)}
+    return defaultdict(lambda: data.iloc[:0], split)
 
 
 def gates(data: pd.DataFrame, arms: list[str]) -> list[Gate]:
     """Every gate of every arm that has the rows it reads (a gate with none is left out)."""
     found, rows = [], by_arm(data)
     for arm in arms:
-        own = rows.get(arm, data.iloc[:0])
+        own = rows[arm]
         for gate in (trained(own, arm), converged(own, arm), not_saturated(own, arm)):
             if gate.passed is not None or gate.gate != "not saturated":
                 found.append(gate)

@@ -128,7 +128,7 @@ def pilot(data: pd.DataFrame, net_: str = "lenet") -> pd.DataFrame:
     table = table.reindex(columns=["test_error", "train_loss"]).reset_index()
     table = table.rename(columns={"x": "epochs"})
     own = gates.by_arm(data)
-    table["gate"] = [gates.converged(own.get(pilot_arm(a, e), data.iloc[:0]), pilot_arm(a, e))
+    table["gate"] = [gates.converged(own[pilot_arm(a, e)], pilot_arm(a, e))
                      for a, e in zip(table["arm"], table["epochs"], strict=True)]  # fmt: skip
     return table
 
