@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from normlab.analysis import dyt_vs_ln as d
+from normlab.analysis import gates
+from normlab.analysis.logs import Run
 from normlab.analysis.stats import FAILS, HOLDS
 
 SEEDS = (0, 1, 2)
@@ -169,3 +172,34 @@ def test_the_long_dit_is_held_to_layernorm_at_its_steps_with_each_norms_piloted_
     assert "(seed 0, 800 steps; the dit_long grid trains 2,400; fid_lenet by lr)" in note
     gated = d.render(pd.concat([_runs(0.001, 1.0, "s"), data], ignore_index=True)).gates
     assert {g.arm for g in gated} >= {f"{d.DIT_LONG}/layernorm", f"{d.DIT_LONG}/dyt_patch"}
+
+
+def test_a_diverged_dit_seed_is_named_by_its_gate_and_claim_and_left_out_of_the_pairs():
+    """A DiT job that diverged has no fid_lenet: runs.csv records that it diverged, the pairs
+    read the seeds both arms finished, and the arm's trained gate and the claim's rule name it."""
+    a_ln, a_dyt = f"{d.DIT_LONG}/layernorm", f"{d.DIT_LONG}/dyt_patch"
+    gone = Run({"arm": a_ln, "seed": "3"}, "diverged", Path("."))
+    assert d.extract([gone]).values.tolist() == [[a_ln, 3, pytest.approx(math.nan, nan_ok=True),
+                                                   "diverged", 1.0]]  # fmt: skip
+    rows = d.extract([gone]).values.tolist()
+    for seed in (0, 1, 2, 3):
+        for a, fid in ((a_ln, 10.0), (a_dyt, 10.5)):
+            if (a, seed) == (a_ln, 3):
+                continue
+            rows += [(a, seed, 2400.0, "val/loss", 0.05), (a, seed, 2400.0, gates.VAL_LOSS, 0.05),
+                     (a, seed, math.nan, "gate/trivial_loss", 1.0),
+                     (a, seed, math.nan, "final/fid_lenet", fid * (1 + 0.001 * seed))]  # fmt: skip
+    data = pd.DataFrame(rows, columns=["arm", "seed", "x", "metric", "value"])
+    (claim,) = d._dit_claims(data, d.DIT_LONG)
+    assert claim.values == pytest.approx([1.05] * 3)  # seeds 0-2: seed 3 has no LN fid_lenet
+    assert claim.quantity.endswith(
+        "after 2,400 steps; left out, diverged (no fid_lenet): dit_long/layernorm seed(s) 3"
+    )
+    ln, dyt = gates.trained(data, a_ln), gates.trained(data, a_dyt)
+    assert ln.passed and ln.measured.endswith(
+        "0 of 3 seeds within 5%; 1 diverged, no final loss (seed 3)"
+    )
+    assert dyt.passed and dyt.measured.endswith("0 of 4 seeds within 5%")
+    finished = data[data["metric"] != "diverged"]  # none diverged: the texts as before
+    assert "left out" not in d._dit_claims(finished, d.DIT_LONG)[0].quantity
+    assert "diverged" not in gates.trained(finished, a_ln).measured

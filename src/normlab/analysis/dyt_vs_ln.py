@@ -219,12 +219,15 @@ def _ln_rows(run: Run, a: str, seed: int, points: bool) -> list[tuple]:
 def extract(runs: list[Run]) -> pd.DataFrame:
     """Per job: the GPTs' val loss curve, final val loss, DyT's alphas and (LayerNorm) the LN
     maps' fits (the scatter points of the lowest seed only), and the rows of their gates; the
-    DiTs' val loss by step, final val loss and val/fid_lenet."""
+    DiTs' val loss by step, final val loss and val/fid_lenet (a diverged DiT: only that it
+    diverged)."""
     rows = []
     ln_seeds = [int(r.get("seed")) for r in runs if r.arm == f"{GPT}/layernorm"]
     for run in runs:
         a, seed = run.arm, int(run.get("seed"))
         if a.startswith(tuple(g + "/" for g in DITS)):
+            if run.status == "diverged":  # no fid_lenet: named by its gate and claim, not paired
+                rows.append((a, seed, math.nan, "diverged", 1.0))
             if run.status != "ok":
                 continue
             rows.append((a, seed, math.nan, LR, float(run.setting("optim.optimizer.lr", "nan"))))
@@ -341,7 +344,8 @@ def _dit_claims(data: pd.DataFrame, grid: str) -> list[Claim]:
         claims.append(Claim(
             f"{where}: {label(norm)}'s fid_lenet is within +-{FID_MARGIN:.0%} of LayerNorm's",
             PAPER["dit"],
-            f"{label(norm)}'s val/fid_lenet / LayerNorm's (same seed){after}",
+            f"{label(norm)}'s val/fid_lenet / LayerNorm's (same seed){after}"
+            + _left_out(data, (f"{grid}/{norm}", base)),
             list(pair["x"] / pair["y"]),
             (1 - FID_MARGIN, 1 + FID_MARGIN),
             log=True,
@@ -351,6 +355,17 @@ def _dit_claims(data: pd.DataFrame, grid: str) -> list[Claim]:
             final=True,
         ))  # fmt: skip
     return claims
+
+
+def _left_out(data: pd.DataFrame, arms: tuple[str, ...]) -> str:
+    """'; left out, diverged (no fid_lenet): <arm> seed(s) [..]' for the arms' diverged seeds
+    (a pair needs both arms' fid_lenet), or ''."""
+    gone = data[data["arm"].isin(arms) & (data["metric"] == "diverged") & (data["value"] == 1)]
+    if gone.empty:
+        return ""
+    seeds = gone.groupby("arm", sort=False)["seed"].apply(lambda s: sorted(int(x) for x in s))
+    named = ", ".join(f"{a} seed(s) {', '.join(map(str, s))}" for a, s in seeds.items())
+    return f"; left out, diverged (no fid_lenet): {named}"
 
 
 def _steps(data: pd.DataFrame, arm: str, *, grid: bool = False) -> int | None:

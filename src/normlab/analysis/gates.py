@@ -168,9 +168,14 @@ def trained(data: pd.DataFrame, arm: str) -> Gate:
     ref = float(trivial["value"].iloc[0])
     final = val.sort_values("x", kind="stable").groupby("seed")["value"].last()
     stuck = int((final >= (1 - TRAINED_MARGIN) * ref).sum())
+    # a diverged job the analysis keeps no loss curve of: named, as its claims leave it out
+    flagged = _seeds(data, arm, "diverged")
+    gone = sorted({int(s) for s in flagged.loc[flagged["value"] == 1, "seed"]} - set(final.index))
+    seeds = ", ".join(map(str, gone))
+    named = f"; {len(gone)} diverged, no final loss (seed {seeds})" if gone else ""
     return Gate(arm, "trained", stuck == 0,
                 f"final val loss {final.min():.3f}-{final.max():.3f} vs trivial {ref:.3f}; "
-                f"{stuck} of {len(final)} seeds within {TRAINED_MARGIN:.0%}")  # fmt: skip
+                f"{stuck} of {len(final)} seeds within {TRAINED_MARGIN:.0%}{named}")  # fmt: skip
 
 
 def _per_seed(curves: pd.DataFrame, of) -> pd.Series:
