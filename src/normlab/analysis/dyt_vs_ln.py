@@ -36,7 +36,7 @@ from omegaconf import OmegaConf
 from scipy.optimize import curve_fit
 
 from normlab.analysis import gates
-from normlab.analysis.curves import final_loss, metric, seed_curves, val_loss_rows
+from normlab.analysis.curves import diverged_seeds, final_loss, metric, seed_curves, val_loss_rows
 from normlab.analysis.logs import Run
 from normlab.analysis.report import Claim, Result
 from normlab.analysis.stats import BELOW, Interval
@@ -358,14 +358,10 @@ def _dit_claims(data: pd.DataFrame, grid: str) -> list[Claim]:
 
 
 def _left_out(data: pd.DataFrame, arms: tuple[str, ...]) -> str:
-    """'; left out, diverged (no fid_lenet): <arm> seed(s) [..]' for the arms' diverged seeds
+    """'; left out, diverged (no fid_lenet): <arm> seeds [..]' for the arms' diverged seeds
     (a pair needs both arms' fid_lenet), or ''."""
-    gone = data[data["arm"].isin(arms) & (data["metric"] == "diverged") & (data["value"] == 1)]
-    if gone.empty:
-        return ""
-    seeds = gone.groupby("arm", sort=False)["seed"].apply(lambda s: sorted(int(x) for x in s))
-    named = ", ".join(f"{a} seed(s) {', '.join(map(str, s))}" for a, s in seeds.items())
-    return f"; left out, diverged (no fid_lenet): {named}"
+    named = diverged_seeds(data[data["arm"].isin(arms)])
+    return "" if named == "none" else f"; left out, diverged (no fid_lenet): {named}"
 
 
 def _steps(data: pd.DataFrame, arm: str, *, grid: bool = False) -> int | None:
