@@ -55,6 +55,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.get_closest_marker("heavy") is None)  # a stable sort
 
 
+@pytest.fixture(autouse=True)
+def _torch_threads_kept():
+    """torch's thread count as it was before the test: a run trained in-process sets it (an
+    experiment's num_threads=1), and the tests after it, in the same process, read the cores."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def data_root() -> Path:
     """The data root NORMLAB_DATA names (FashionMNIST/raw, tinyshakespeare/input.txt)."""

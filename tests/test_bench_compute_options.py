@@ -37,7 +37,6 @@ class Probe(pl.Callback):
 
 @pytest.fixture
 def run(compose, tmp_path):
-    threads = torch.get_num_threads()
     SEEN.clear()
 
     def _run(*overrides: str) -> dict:
@@ -48,8 +47,7 @@ def run(compose, tmp_path):
         assert math.isfinite(result["metrics"]["val/loss"])
         return SEEN
 
-    yield _run
-    torch.set_num_threads(threads)  # train() sets the process's thread count
+    yield _run  # train() sets the process's thread count: conftest restores it
 
 
 def test_defaults_run_eager_fp32_contiguous(run):
