@@ -432,6 +432,9 @@ def decide(name: str, quick: bool, jobs: int, root: Path, grids: list[str] | Non
     if not plan:
         print(f"{name}: no undecided claim plans more than {initial} seeds")
     run_missing(plan, "the undecided claims on grids {grids} plan {n} seeds (cap {cap})")
+    # the design's third look (normlab.analysis.sequential): still undecided at the plan, the cap
+    last = {g: cap for g in seeds_to_decide(paths["claims"], cap, chosen) if plan.get(g, 0) < cap}
+    run_missing(last, "claims on grids {grids} still undecided at their plan: the cap, {n} seeds")
     return paths["md"]
 
 

@@ -947,7 +947,8 @@ def _dit_run(root: Path, conditioning: str, seed: int, fid: float, loss: float,
         net = {"size": "tiny", "depth": None}
     net["conditioning"], net["norm_eps"] = conditioning, eps
     cfg = {"callbacks": {"fid": fid_cfg}, "model": {"sample_steps": 25, "guidance_scale": 1.5,
-                                                    "net": net}}  # fmt: skip
+                                                    "net": net},
+           "optim": {"schedule": "cosine", "warmup_steps": 0, "min_lr_ratio": 0.0}}  # fmt: skip
     (run_dir / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
     if resampled is not None:
         (run_dir / dit_conditioning.RESAMPLE_FILE).write_text(f'{{"fid_lenet": {resampled}}}\n')

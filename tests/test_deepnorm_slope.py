@@ -83,7 +83,9 @@ def test_slopes_and_ratios_within_seeds(tmp_path: Path):
     plt.close(result.figure)
 
 
-def test_a_saturated_arm_makes_the_claims_reading_it_invalid(tmp_path: Path):
+def test_a_saturated_post_ln_arm_understates_its_claims_so_a_holds_stays_valid(tmp_path: Path):
+    """A capped Post-LN update can only understate Post-LN's growth and its lead over DeepNorm:
+    the gate still fails (shown), and the claims that hold in spite of it stay read."""
     result = _rendered(tmp_path, _runs())
     failed = {g.arm for g in result.gates if g.passed is False}
     # Post-LN at lr 1e-3 reads 0.07 x depth / 6 x noise: 1.17 and 1.4 at depth 100 (0.99 in
@@ -92,13 +94,14 @@ def test_a_saturated_arm_makes_the_claims_reading_it_invalid(tmp_path: Path):
     assert {g.gate for g in result.gates} == {"not saturated"}
     decisions = gates.decide(result.claims, result.gates, 3, 12)
     verdicts = {c.claim: d.verdict for c, d in zip(result.claims, decisions, strict=True)}
-    saturated = "invalid: model_update/post/d100/lr0.001 saturated"
     assert verdicts["lr 0.001: Post-LN's model update grows with depth (log-log slope > 0)"] == (
-        saturated
+        stats.HOLDS
     )
     assert verdicts["lr 0.001, depth 100: DeepNorm's model update is smaller than Post-LN's"] == (
-        saturated
+        stats.HOLDS
     )
+    at_100 = next(c for c in result.claims if c.claim.startswith("lr 0.001, depth 100"))
+    assert at_100.ceiling_against == ("model_update/post/d100/lr0.001",)
     assert verdicts["lr 0.001, depth 50: DeepNorm's model update is smaller than Post-LN's"] == (
         stats.HOLDS
     )

@@ -22,7 +22,9 @@ def _job(arm: str, seed: int, lr: float, end: float, trivial: float = 3.3) -> li
     rows += [(arm, seed, math.nan, "final/val_loss", val[-1]),
              (arm, seed, math.nan, "diverged", 0.0),
              (arm, seed, math.nan, "lr", lr), (arm, seed, math.nan, "gate/trivial_loss", trivial),
-             (arm, seed, 1199.0, "gate/val_loss", val[-1])]  # fmt: skip
+             (arm, seed, 1199.0, "gate/val_loss", val[-1]),
+             (arm, seed, math.nan, gates.LR_END, 0.1),  # the LSTM's cosine to 0.1 x its peak
+             (arm, seed, math.nan, gates.DECAYS, 1.0)]  # fmt: skip
     rows += [(arm, seed, float(s), "gate/train_loss", v) for s, v in zip(steps, val, strict=True)]
     return rows
 

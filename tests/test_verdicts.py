@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from scipy import stats as scipy_stats
 
-from normlab.analysis import gates, report, stats, sweep
+from normlab.analysis import gates, report, sequential, stats, sweep
 from normlab.analysis.logs import Run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -106,88 +106,6 @@ def test_trained_gate_fails_an_arm_at_the_trivial_loss_on_any_seed():
     assert gates.trained(data, "absent").passed is None
 
 
-def test_converged_gate_reads_the_last_fifth_of_the_train_loss():
-    data = _data(_rows("flat", 0, FLAT, 0.9, 2.3), _rows("falling", 0, FALLING, 0.9, 2.3))
-    assert gates.converged(data, "flat").passed is True
-    falling = gates.converged(data, "falling")
-    assert falling.passed is False and falling.status == "FAIL: still improving"
-    curve = pd.Series(FALLING, index=[10.0 * i for i in range(20)])
-    before = np.mean([v for s, v in curve.items() if 0.7 * 190 < s <= 0.8 * 190])
-    end = np.mean([v for s, v in curve.items() if s > 0.9 * 190])
-    assert gates.late_gain(curve) == pytest.approx((before - end) / before)
-
-
-def test_converged_gate_reads_the_held_out_loss_where_it_is_logged():
-    """A classifier memorizing its training set: its train loss still falls over the last 20%
-    of steps, its held-out loss no longer does (flat or rising): converged. Where the held-out
-    loss has no point in one of the two windows, the train loss decides alone; where it still
-    falls, the run is still improving whatever its train loss does."""
-    steps = [10.0 * i for i in range(20)]
-    held = [(s, "gate/val_loss", v) for s, v in zip(steps, FLAT, strict=True)]
-    rising = [(s, "gate/val_loss", 1.0 + i / 100) for i, s in enumerate(steps)]
-    still = [(s, "gate/val_loss", v) for s, v in zip(steps, FALLING, strict=True)]
-    train = [(s, gates.TRAIN_LOSS, v) for s, v in zip(steps, FALLING, strict=True)]
-    data = _data([("flat", 0, *r) for r in train + held],
-                 [("rising", 0, *r) for r in train + rising],
-                 [("both", 0, *r) for r in train + still],
-                 [("once", 0, *r) for r in train + [(190.0, "gate/val_loss", 0.5)]])  # fmt: skip
-    flat = gates.converged(data, "flat")
-    assert flat.passed is True
-    assert "held-out loss's +0.0% to +0.0%; mean +0.0% over 1 seeds (0 at or above" in flat.measured
-    assert gates.converged(data, "rising").passed is True  # overfitting: no further gain
-    assert gates.converged(data, "both").passed is False
-    once = gates.converged(data, "once")
-    assert once.passed is False and "held-out" not in once.measured
-    mixed = pd.concat([data[data.arm == "flat"], data[data.arm == "both"].assign(seed=1)])
-    gate = gates.converged(mixed.assign(arm="m"), "m")  # gains 0 and ~37%: mean ~18%
-    assert gate.passed is False and "over 2 seeds (1 at or above 2%)" in gate.measured
-    plateau = [(s, gates.TRAIN_LOSS, 1.0) for s in steps]  # train loss flat, held-out falling
-    late = _data([("late", 0, *r) for r in plateau + still])
-    assert gates.converged(late, "late").passed is False
-
-
-def test_converged_gate_judges_an_arm_by_its_seeds_mean_late_gain():
-    """Noisy seeds of a plateaued arm straddle the 2% bound: the arm passes on their mean (a
-    rule failing it on any one seed would fail it more often the more seeds it ran); an arm
-    whose seeds gain 3% on average still improves, however many seeds; a seed whose loss rose
-    counts as 0 and does not offset another seed's gain."""
-
-    def curve(end: float) -> list[float]:  # 1.0 before the last 20% of steps, `end` after
-        return [1.0] * 16 + [end] * 4
-
-    def arm(name: str, ends: list[float]) -> list[tuple]:
-        return [r for k, e in enumerate(ends) for r in _rows(name, k, curve(e), 0.9, 2.3)]
-
-    straddle = [0.975, 1.0, 0.99, 1.005] * 3  # gains 2.5%, 0, 1%, -0.5%: mean 0.9%
-    data = _data(arm("plateau", straddle), arm("falling", [0.97] * 12),
-                 arm("offset", [0.95, 1.06]))  # fmt: skip
-    plateau = gates.converged(data, "plateau")
-    assert plateau.passed is True and "mean +0.9% over 12 seeds (3 at or above 2%)" in (
-        plateau.measured
-    )
-    assert gates.converged(data, "falling").passed is False
-    offset = gates.converged(data, "offset")  # 5% and -6%: mean 2.5%, not -0.5%
-    assert offset.passed is False and "mean +2.5%" in offset.measured
-
-
-def test_converged_gate_shows_the_noise_of_a_seeds_late_gain():
-    """A noisy loss (as a diffusion model's, one random timestep a batch): the windows' spread
-    gives the SE of the gain, shown beside it; a flat curve's is 0."""
-    noisy = [1.0 + (0.2 if i % 2 else -0.2) for i in range(100)]  # flat on average, +-20%
-    curve = pd.Series(noisy, index=[float(i) for i in range(100)])
-    before = [v for s, v in curve.items() if 0.7 * 99 < s <= 0.8 * 99]
-    end = [v for s, v in curve.items() if s > 0.9 * 99]
-    se = math.sqrt(np.var(before, ddof=1) / len(before) + np.var(end, ddof=1) / len(end))
-    assert gates.late_gain_se(curve) == pytest.approx(se / np.mean(before))
-    assert gates.late_gain_se(curve) > 0.05 > abs(gates.late_gain(curve))
-    assert math.isnan(gates.late_gain_se(pd.Series([1.0, 1.0], index=[0.0, 1.0])))  # too few
-    rows = [("a", 0, s, gates.TRAIN_LOSS, v) for s, v in curve.items()]
-    gate = gates.converged(_data(rows), "a")
-    assert f"(a seed's SE up to {gates.late_gain_se(curve):.1%})" in gate.measured
-    flat = gates.converged(_data(_rows("flat", 0, FLAT, 0.9, 2.3)), "flat")
-    assert "(a seed's SE up to 0.0%)" in flat.measured
-
-
 def test_not_saturated_gate_compares_each_value_with_its_ceiling():
     rows = [("a", 0, 6.0, "gate/value", 0.5), ("a", 0, 6.0, "gate/ceiling", 1.0),
             ("b", 0, 6.0, "gate/value", 1.0), ("b", 0, 6.0, "gate/ceiling", 1.0)]  # fmt: skip
@@ -260,29 +178,158 @@ def test_the_figure_says_which_arms_failed_and_the_verdicts_by_source():
     )
 
 
-def test_holm_column_corrects_over_the_tested_claims_only():
-    # alone, each holds (p < 0.05); as a family of three, Holm keeps only the smallest p
-    values = [[0.6, 1.0, 0.7, 0.4], [0.4, 0.9, 0.6, 0.3], [0.3, 0.8, 0.5, 0.2]]
+def test_holm_column_corrects_at_the_sequential_boundary_over_the_tested_claims_only():
+    # alone, each holds (p < the boundary); as a family of three, Holm keeps only the smallest
+    values = [[0.5, 1.0, 0.7, 0.3, 0.6], [1.0, 0.2, 0.9, 0.3, 0.6], [1.0, 0.2, 0.9, 0.3, 0.6]]
     claims = [claim(v) for v in values]
     ps = [stats.p_value(v, (0.0, stats.ABOVE)) for v in values]
-    assert all(p < 0.05 for p in ps) and ps[0] < 0.05 / 3 and ps[1] > 0.05 / 2
+    bound = sequential.BOUNDARY
+    assert all(p < bound for p in ps) and ps[0] < bound / 3 and ps[1] > bound / 2, ps
     d = gates.decide(claims, [], initial=3, cap=12)
     assert [x.verdict for x in d] == [stats.HOLDS] * 3
     assert [x.holm for x in d] == [stats.HOLDS, stats.UNDECIDED, stats.UNDECIDED]
 
 
+def test_a_verdict_needs_its_p_below_the_sequential_boundary_not_only_its_95_ci():
+    values = [1.0, 0.1, 0.9, 0.3, 0.5]  # the 95% CI clears 0, p between the boundary and 0.05
+    p = stats.p_value(values, (0.0, stats.ABOVE))
+    assert sequential.BOUNDARY < p < 0.05 and claim(values).verdict == stats.HOLDS
+    d = gates.decide([claim(values)], [], initial=3, cap=12)[0]
+    assert d.verdict == f"{stats.UNDECIDED}; not past the boundary" and d.holm == stats.UNDECIDED
+
+
 def test_an_undecided_claim_says_the_seeds_it_needs_beyond_the_cap():
     d = gates.decide([claim([0.1, 0.5, -0.2])], [], initial=3, cap=12)[0]
-    assert d.planned_n == 30 and d.verdict.endswith("needs ~30 seeds (cap 12)")
-    d = gates.decide([claim([0.1, 0.5, -0.2])], [], initial=3, cap=40)[0]
+    need = stats.seeds_needed([0.1, 0.5, -0.2], (0.0, stats.ABOVE), level=1 - sequential.BOUNDARY)
+    assert need > stats.seeds_needed([0.1, 0.5, -0.2], (0.0, stats.ABOVE)) == 30
+    assert d.planned_n == need and d.verdict.endswith(f"needs ~{need} seeds (cap 12)")
+    d = gates.decide([claim([0.1, 0.5, -0.2])], [], initial=3, cap=60)[0]
     assert d.verdict == stats.UNDECIDED  # within the cap: --decide runs them
 
 
-def test_planned_seeds_come_from_the_first_seeds_only():
+def test_planned_seeds_come_from_the_first_seeds_only_at_the_boundarys_level():
     first, more = [1.0, 1.5, 0.7], [1.0, 1.5, 0.7, 5.0, -3.0]
     assert gates.decide([claim(more)], [], 3, 12)[0].planned_n == stats.seeds_needed(
-        first, (0.0, stats.ABOVE)
+        first, (0.0, stats.ABOVE), level=1 - sequential.BOUNDARY
     )
+
+
+def test_the_sequential_design_keeps_false_holds_at_or_below_5_percent():
+    """10,000 null claims (true effect on the bound) through the whole procedure: the first 3
+    seeds, the plan, the cap of 12; and families of 16 under Holm."""
+    sim, _, _ = sequential.simulate(10_000, initial=3, cap=12)
+    assert sim.overall <= 0.05 and sum(sim.per_look) == pytest.approx(sim.overall)
+    assert all(r > 0 for r in sim.per_look[:2])  # the looks are real: each can decide
+    assert sequential.holm_family(families=1_000, size=16) <= 0.05
+    assert sequential.table() in (REPO / "docs" / "reproductions.md").read_text()  # docs true
+    import normlab.analysis.sequential as seq  # the old rule (full alpha at each look) fails
+
+    old = seq.BOUNDARY
+    try:
+        seq.BOUNDARY = 0.05
+        assert seq.simulate(10_000, 3, 12)[0].overall > 0.05
+    finally:
+        seq.BOUNDARY = old
+
+
+def _decaying(arm: str, seed: int, loss: list[float], last: float | None = None) -> list[tuple]:
+    """A job on a cosine schedule (gate/lr_decays 1): its held-out loss at steps 0..n-1."""
+    steps = np.linspace(0.0, last or 100.0, len(loss))
+    return [(arm, seed, float(x), gates.VAL_LOSS, v) for x, v in zip(steps, loss, strict=True)] + [
+        (arm, seed, math.nan, gates.LR_END, 0.0), (arm, seed, math.nan, gates.DECAYS, 1.0),
+        (arm, seed, math.nan, "gate/trivial_loss", 2.3)]  # fmt: skip
+
+
+def test_a_decaying_schedule_converges_when_every_seed_ran_it_to_its_end():
+    falling = list(np.linspace(2.0, 1.0, 11))  # still falling: the late gain is a diagnostic
+    data = _data(*[_decaying("a", s, falling) for s in range(3)],
+                 *[_decaying("b", s, falling, last=100.0 if s else 60.0) for s in range(3)])
+    a, b = gates.converged(data, "a"), gates.converged(data, "b")
+    assert a.passed is True and "ran it to step 100" in a.measured and "(diagnostic)" in a.measured
+    assert [e[0] for e in a.ends] == [0, 1, 2] and a.ends[0][1:] == pytest.approx((1.2, 1.0))
+    assert b.passed is False and "seeds ended at steps 60-100" in b.measured
+
+
+def test_a_constant_lr_fails_only_past_the_threshold_plus_two_standard_errors():
+    steps = np.arange(100.0)
+    flat = [("flat", 0, x, gates.TRAIN_LOSS, 1.0) for x in steps]
+    falling = [("falling", 0, x, gates.TRAIN_LOSS, 2.0 - x / 100) for x in steps]
+    noisy = [("noisy", 0, x, gates.TRAIN_LOSS, (1.0 - 0.0015 * x) * (1.3 if x % 2 else 0.7))
+             for x in steps]  # ~3% gain, but a window's noise is larger: within 2 SE
+    sparse = [("sparse", 0, x, gates.TRAIN_LOSS, 1.0) for x in steps[::10]]
+    data = _data(flat, falling, noisy, sparse)
+    assert gates.converged(data, "flat").passed is True
+    assert gates.converged(data, "falling").passed is False
+    noisy_gate = gates.converged(data, "noisy")
+    assert gates.late_gain(pd.Series([r[4] for r in noisy], index=steps)) > gates.CONVERGED_GAIN
+    assert noisy_gate.passed is True and "+ 2 SE" in noisy_gate.measured
+    sparse_gate = gates.converged(data, "sparse")
+    assert sparse_gate.passed is None and "log more often" in sparse_gate.measured
+
+
+def _final(values, arms, **kw):
+    return report.Claim("c", "p", "q", values, (0.0, stats.ABOVE), source="paper", arms=arms,
+                        final=True, **kw)  # fmt: skip
+
+
+def test_the_budget_test_flags_a_claim_whose_arms_gap_would_change_one_window_on():
+    """Arm a's held-out loss sits on b's at the end but falls faster: one more window at the
+    same drift separates them, so a final-value comparison depends on the budget; a gap that
+    holds steady does not."""
+    def curve(at80: float, end: float, s: int) -> list[float]:  # 11 points: 80% is the 9th
+        return [2.0] * 8 + [at80 + 0.01 * s, (at80 + end) / 2, end + 0.003 * s]
+
+    fall = _data(*[_decaying("a", s, curve(1.2, 1.0, s)) for s in range(3)],
+                 *[_decaying("b", s, curve(1.0, 1.0, -s)) for s in range(3)])  # fmt: skip
+    found = gates.gates(fall, ["a", "b"])
+    values = [1.0, 1.1, 0.9, 1.05, 0.95]
+    d = gates.decide([_final(values, ("a", "b"))], found, 3, 12)[0]
+    assert d.verdict == "budget-dependent: a against b" and not d.tested
+    steady = _data(*[_decaying("a", s, curve(1.2, 1.2, s)) for s in range(3)],
+                   *[_decaying("b", s, curve(1.0, 1.0, -s)) for s in range(3)])  # fmt: skip
+    found = gates.gates(steady, ["a", "b"])
+    assert gates.decide([_final(values, ("a", "b"))], found, 3, 12)[0].verdict == "holds"
+
+
+def test_an_absent_effect_is_concluded_by_two_one_sided_tests_within_the_band():
+    near = [0.01, -0.02, 0.0, 0.015, -0.01, 0.005]
+    kw = {"absent": (-0.1, 0.1), "absent_why": "a rule"}
+    d = gates.decide([claim(near, **kw)], [], 3, 12)[0]
+    assert d.verdict == "absent at this scale (within ±0.1)" and d.p_value < sequential.BOUNDARY
+    wide = gates.decide([claim([0.3, -0.4, 0.05], **kw)], [], 3, 12)[0]
+    assert wide.verdict.startswith("undecided")
+    with pytest.raises(ValueError, match="absent_why"):
+        claim(near, absent=(-0.1, 0.1))
+
+
+def test_a_ceiling_that_understates_the_claim_keeps_only_a_holds_valid():
+    sat = [gates.Gate("post", "not saturated", False, "at it")]
+    up = _final([1.0, 1.1, 0.9, 1.05], ("post",), ceiling_against=("post",))
+    down = _final([-1.0, -1.1, -0.9, -1.05], ("post",), ceiling_against=("post",))
+    conv = [gates.Gate("post", "converged", True, "")]
+    assert gates.decide([up], sat + conv, 3, 12)[0].verdict == stats.HOLDS
+    assert gates.decide([down], sat + conv, 3, 12)[0].verdict == "invalid: post saturated"
+    plain = _final([1.0, 1.1, 0.9, 1.05], ("post",))
+    assert gates.decide([plain], sat + conv, 3, 12)[0].verdict == "invalid: post saturated"
+
+
+def test_a_did_not_train_that_the_claim_tests_answers_it():
+    stuck = [gates.Gate("dyt", "trained", False, ""), gates.Gate("ln", "converged", True, ""),
+             gates.Gate("ln", "trained", True, "")]  # fmt: skip
+    c = report.Claim("within", "p", "q", [1.2, 1.3, 1.25], (-0.05, 0.05), source="paper",
+                     arms=("dyt", "ln"), final=True, untrained_answers=("dyt",))  # fmt: skip
+    d = gates.decide([c], stuck, 3, 12)[0]
+    assert d.verdict == "does not hold (dyt did not train: the failure the claim tests)"
+    c2 = report.Claim("within", "p", "q", [1.2, 1.3, 1.25], (-0.05, 0.05), source="paper",
+                      arms=("dyt", "ln"), final=True)  # fmt: skip
+    assert gates.decide([c2], stuck, 3, 12)[0].verdict.startswith("invalid: dyt did not train")
+
+
+def test_a_count_claim_with_no_event_in_either_arm_is_no_test():
+    c = report.CountClaim("c", "p", "q", (0, 8, 0, 8), source="paper")
+    d = gates.decide([c], [], 3, 12)[0]
+    assert d.verdict.startswith("no events in either arm (0 of 8, 0 of 8): not a test")
+    assert d.planned_n is None and not d.tested
 
 
 def _script():
@@ -368,7 +415,8 @@ def test_decide_runs_only_the_seeds_each_planned_grid_lacks(tmp_path, monkeypatc
     """--decide: the first seeds (all of them on a fresh root; else only those the evidence
     lacks), then one run per (planned count, missing seeds) with the grids that plan it, only the
     missing seeds (--subset seed=..): a machine without the earlier sweep dirs reruns no finished
-    seed. A seed with a job not ok, or without one of its settings (a b), counts as missing."""
+    seed. A seed with a job not ok, or without one of its settings (a b), counts as missing.
+    Claims still undecided at their plan go on to the cap (the sequential design's third look)."""
     script = _script()
     figures = tmp_path / "outputs" / "figures"
     (figures / "gn_batch_size").mkdir(parents=True)
@@ -396,8 +444,9 @@ def test_decide_runs_only_the_seeds_each_planned_grid_lacks(tmp_path, monkeypatc
     grids = ["bn", "gn", "bn_precise", "pilot/gn"]
     script.decide("gn_batch_size", False, 1, tmp_path, grids)  # a fresh root: the first 3 seeds
     nine = [("seed", ["3", "4", "5", "6", "7", "8"])]
+    to_cap = [("seed", [str(s) for s in range(3, 12)])]  # the fake lands no seed: all missing
     assert calls == [(3, grids, None), (5, ["bn", "gn"], [("seed", ["3", "4"])]),
-                     (9, ["bn_precise"], nine)]  # fmt: skip
+                     (9, ["bn_precise"], nine), (12, ["bn", "gn", "bn_precise"], to_cap)]
     assert "grids bn, gn plan 5 seeds (cap 12); running seed(s) 3,4" in capsys.readouterr().out
 
     # the evidence holds gn's 3 and 4 already, but bn's seed 1 lacks its b=2 job
@@ -409,8 +458,9 @@ def test_decide_runs_only_the_seeds_each_planned_grid_lacks(tmp_path, monkeypatc
     record = lambda *a, **k: calls.append((a[4], a[5], k["subset"]))  # noqa: E731
     monkeypatch.setattr(script, "reproduce", record)
     script.decide("gn_batch_size", False, 1, tmp_path, grids)
-    assert calls == [(3, ["bn"], [("seed", ["1"])]), (5, ["bn"], [("seed", ["1", "3", "4"])]),
-                     (9, ["bn_precise"], nine)]  # fmt: skip
+    assert calls[:3] == [(3, ["bn"], [("seed", ["1"])]), (5, ["bn"], [("seed", ["1", "3", "4"])]),
+                         (9, ["bn_precise"], nine)]  # fmt: skip
+    assert {n for n, _, _ in calls[3:]} == {12}  # the third look: each grid to the cap
 
 
 # ----- declared reproductions ------------------------------------------------------------------
@@ -469,16 +519,19 @@ def test_a_count_claim_is_decided_by_fishers_test_on_the_side_of_the_difference(
     assert decision.holm == stats.HOLDS and decision.p_value < 0.001
 
 
-def test_an_any_claim_is_invalid_when_a_parts_arm_fails_its_gate():
-    def part(arm):
-        return report.Claim("c", "p", "q", [1.0, 1.1, 0.9], (0.5, stats.ABOVE), source="paper",
+def test_an_any_claim_is_decided_on_its_valid_parts():
+    def part(arm, values=(1.0, 1.1, 0.9, 1.05, 0.95)):
+        return report.Claim("c", "p", "q", list(values), (0.5, stats.ABOVE), source="paper",
                             arms=(arm,), final=True)  # fmt: skip
 
     claim = report.AnyClaim("any", "p", {"a": part("a"), "b": part("b")}, source="paper")
     stuck = gates.Gate("b", "converged", False, "late gain 5%")
     ok = [gates.Gate(a, "converged", True, "late gain 0%") for a in "ab"]
     assert gates.decide([claim], ok, 3, 12)[0].verdict == stats.HOLDS
-    assert gates.decide([claim], [ok[0], stuck], 3, 12)[0].verdict == "invalid: b still improving"
+    assert gates.decide([claim], [ok[0], stuck], 3, 12)[0].verdict == stats.HOLDS  # a holds
+    low = report.AnyClaim("any", "p", {"a": part("a", (0.1, 0.2, 0.0, 0.1, 0.15)), "b": part("b")},
+                          source="paper")  # fmt: skip
+    assert gates.decide([low], [ok[0], stuck], 3, 12)[0].verdict == "invalid: b still improving"
 
 
 def test_a_final_value_claim_needs_each_arms_convergence_shown_not_assumed():
@@ -535,3 +588,22 @@ def test_the_jobs_table_tells_apart_an_arms_jobs_of_one_seed():
     assert "| bn | 0 | per_device=2 | ok |" in table
     single = report.jobs_table(jobs.drop(index=1))
     assert report.settings(jobs.drop(index=1)) is None and "setting" not in single
+
+
+def test_verdict_changes_name_the_rule_each_change_came_from():
+    vc = _script_named("verdict_changes")
+    assert vc.rule_of("invalid: a still improving", "holds") == "converged gate by schedule"
+    assert vc.rule_of("undecided (within noise)", "absent at this scale (within ±1)").startswith(
+        "equivalence")
+    assert vc.rule_of("holds", "undecided (within noise); not past the boundary").startswith(
+        "sequential boundary")
+    assert vc.rule_of("invalid: p saturated", "holds").startswith("saturation one-sided")
+    assert vc.rule_of("holds", "does not hold") == "its number (new evidence)"
+
+
+def _script_named(name: str):
+    import importlib
+    import sys
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    return importlib.import_module(name)

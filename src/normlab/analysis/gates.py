@@ -32,34 +32,49 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
-from normlab.analysis import stats
+from normlab.analysis import sequential, stats
 from normlab.analysis.logs import Run
 
 TRAINED_MARGIN = 0.05  # "did not train": final val loss >= (1 - 5%) x the trivial loss
 MIN_SEEDS = 3  # a verdict reads at least this many seeds
-CONVERGED_GAIN = 0.02  # "still improving": an arm's seeds' mean late gain >= 2%
+CONVERGED_GAIN = 0.02  # "still improving" at a constant lr: mean late gain above 2% + 2 SE
+DECAYED = 0.01  # a schedule whose last lr is at most 1% of its peak decays to its floor
+MIN_POINTS = 10  # a constant-lr window's logged points: fewer, and the gate is not measured
+BUDGET = (0.8, 1.0)  # the budget test reads its quantity at 80% and 100% of the steps
+LR_END = "gate/lr_end"  # runs.csv: a job's lr at its last step over its peak (its schedule)
+DECAYS = "gate/lr_decays"  # runs.csv: 1 where the schedule decays to a floor at its end (cosine)
+FLOORED = ("cosine",)  # the schedules that end at their floor (optim.min_lr_ratio) by design
 WINDOWS = ((0.7, 0.8), (0.9, 1.0))  # the converged gate's two windows, fractions of the steps
 TRAIN_LOSS = "gate/train_loss"  # the runs.csv metric of the train loss the gate reads
 VAL_LOSS = "gate/val_loss"  # and of the held-out loss (its last row per seed: the final)
 WORDS = {"trained": "did not train", "converged": "still improving",
-         "not saturated": "saturated"}  # fmt: skip
+         "not saturated": "saturated", "budget": "budget-dependent"}  # fmt: skip
 RULES = {
     "trained": f"each seed's final val loss below {1 - TRAINED_MARGIN:g} x the trivial "
     "predictor's (ln 10 for 10 classes; the unigram loss of a character LM; 1, the noise's "
     "variance, for a diffusion model)",
-    "converged": f"the seeds' late gains average less than {CONVERGED_GAIN:.0%}: a seed's late "
-    "gain is its loss's relative fall over its last 20% of steps (mean of the logged losses in "
-    "the last 10% of steps vs. in the 10% before the last 20%), the held-out loss's where "
-    "logged in both windows, else the train loss's (a run whose held-out loss has stopped "
-    "falling is trained as far as held-out quantities go; its further steps fit the training "
-    "set); the arm is judged by the mean (a rise counts as 0), as its claims read means, so "
-    "more seeds do not make a plateaued arm fail more often",
+    "converged": "by the arm's lr schedule (runs.csv's gate/lr_end, gate/lr_decays). A schedule "
+    "that decays to its floor (a cosine to its optim.min_lr_ratio, or any schedule ending at "
+    f"most {DECAYED:.0%} of its peak) passes "
+    "when every seed ran it to its end, as the papers compare at the end of one schedule; "
+    "then each claim comparing final values takes the budget test (below), and the late gain "
+    "is shown as a diagnostic only. At a constant lr (or one that ends above the floor) the "
+    f"seeds' mean late gain must stay below {CONVERGED_GAIN:.0%} plus 2 standard errors (the "
+    "windows' own noise): a seed's late gain is its loss's relative fall over its last 20% of "
+    "steps (mean of the logged losses in the last 10% of steps vs. in the 10% before the last "
+    "20%), the held-out loss's where logged in both windows, else the train loss's; each window "
+    f"needs at least {MIN_POINTS} logged points (else not measured); a rise counts as 0",
+    "budget": "for a claim comparing final values of an arm on a decaying schedule: its "
+    "per-seed quantity at 80% and 100% of the steps (where the quantity is measured at the end "
+    "only, the held-out loss gap between its arms), extrapolated one more window at the same "
+    "drift; if the verdict (of the gap's sign) would change, the claim reads `budget-dependent`",
     "not saturated": "each seed's value below the quantity's ceiling",
 }
 
@@ -72,6 +87,9 @@ class Gate:
     gate: str  # trained | converged | not saturated
     passed: bool | None
     measured: str
+    # a decaying schedule's converged gate: per seed, its held-out (else train) loss at 80% and
+    # 100% of the steps, read by the budget test of the claims on this arm
+    ends: tuple[tuple[int, float, float], ...] = ()
 
     @property
     def status(self) -> str:
@@ -125,7 +143,23 @@ def gate_rows(run: Run, arm: str, seed: int) -> list[tuple]:
     val = run.series("val/loss").drop_duplicates("step", keep="last")  # a resumed job: once
     rows += [(arm, seed, float(s), VAL_LOSS, float(v))
              for s, v in zip(val["step"], val["val/loss"], strict=True)]  # fmt: skip
+    steps = max((r[2] for r in rows if r[3] in (TRAIN_LOSS, VAL_LOSS)), default=math.nan)
+    optim = {k: run.setting(f"optim.{k}") for k in ("schedule", "warmup_steps", "min_lr_ratio")}
+    if optim["schedule"] is not None and not math.isnan(steps):
+        rows += schedule_rows(arm, seed, optim, int(steps) + 1)
     return rows
+
+
+def schedule_rows(arm: str, seed: int, optim: dict, steps: int) -> list[tuple]:
+    """The runs.csv row of a job's schedule (LR_END): its lr at its last step over its peak,
+    from its config's optim.schedule, warmup_steps and min_lr_ratio over its `steps`."""
+    from normlab.tasks.base import lr_lambda  # lazy: torch loads only where a job is read
+
+    factor = lr_lambda(str(optim["schedule"]), int(optim.get("warmup_steps") or 0),
+                       lambda: steps, float(optim.get("min_lr_ratio") or 0.0))  # fmt: skip
+    end = float(factor(steps - 1))
+    floored = str(optim["schedule"]) in FLOORED or end <= DECAYED
+    return [(arm, seed, math.nan, LR_END, end), (arm, seed, math.nan, DECAYS, float(floored))]
 
 
 # ----- the gates, from runs.csv ----------------------------------------------------------------
@@ -186,7 +220,77 @@ def _per_seed(curves: pd.DataFrame, of) -> pd.Series:
                                         include_groups=False)  # fmt: skip
 
 
+def _at(curve: pd.Series, fraction: float) -> float:
+    """A loss curve (indexed by step) read at `fraction` of its last step, linearly interpolated
+    between the logged steps on either side."""
+    curve = curve.sort_index()
+    x = fraction * float(curve.index.max())
+    return float(np.interp(x, curve.index.astype(float), curve.to_numpy(dtype=float)))
+
+
+def _chosen(data: pd.DataFrame, arm: str) -> pd.DataFrame:
+    """Per seed, the curve the gate reads: the held-out loss's where logged in both windows,
+    else the train loss's (rows of runs.csv, one metric per seed)."""
+    train, held = _seeds(data, arm, TRAIN_LOSS), _seeds(data, arm, VAL_LOSS)
+    out = []
+    for seed in sorted(set(train["seed"]) | set(held["seed"])):
+        own = held[held["seed"] == seed]
+        if len(own) and all(len(w) for w in _windows(own.set_index("x")["value"])):
+            out.append(own)
+        elif len(train[train["seed"] == seed]):
+            out.append(train[train["seed"] == seed])
+    return pd.concat(out) if out else train
+
+
 def converged(data: pd.DataFrame, arm: str) -> Gate:
+    """The converged gate, by the arm's schedule (RULES['converged'])."""
+    curves = _chosen(data, arm)
+    if curves.empty:
+        return Gate(arm, "converged", None, "no loss curve in runs.csv")
+    gains = _per_seed(curves, late_gain)
+    lr_end, decays = _seeds(data, arm, LR_END)["value"], _seeds(data, arm, DECAYS)["value"]
+    if len(decays) and bool((decays == 1).all()):
+        return _decayed(curves, gains, arm, float(lr_end.max()))
+    return _constant(curves, gains, arm, "" if len(lr_end) else " (schedule not recorded)")
+
+
+def _decayed(curves: pd.DataFrame, gains: pd.Series, arm: str, lr_end: float) -> Gate:
+    """A decaying schedule: passed when every seed ran it to its end (its last logged step is
+    the arm's), with each seed's loss at 80% and 100% of its steps for the budget test."""
+    last = curves.groupby("seed")["x"].max()
+    ran = bool(last.min() >= 0.99 * last.max())
+    ends = tuple((int(seed), _at(g.set_index("x")["value"], BUDGET[0]),
+                  _at(g.set_index("x")["value"], BUDGET[1]))
+                 for seed, g in curves.groupby("seed"))  # fmt: skip
+    short = "" if ran else f"; seeds ended at steps {int(last.min())}-{int(last.max())}"
+    gain = f"{gains.min():+.1%} to {gains.max():+.1%}" if gains.notna().all() else "n/a"
+    return Gate(arm, "converged", ran,
+                f"schedule decays to {lr_end:.3g} x its peak; {len(last)} seeds ran it to step "
+                f"{int(last.max())}{short}; late gain {gain} (diagnostic)", ends)  # fmt: skip
+
+
+def _constant(curves: pd.DataFrame, gains: pd.Series, arm: str, note: str) -> Gate:
+    """A constant lr: the seeds' mean late gain below CONVERGED_GAIN plus 2 SE of that mean
+    (from the spread of the logged losses within each seed's windows)."""
+    points = curves.groupby("seed").apply(
+        lambda g: min(len(w) for w in _windows(g.set_index("x")["value"])), include_groups=False)
+    if gains.isna().any() or int(points.min()) < MIN_POINTS:
+        return Gate(arm, "converged", None,
+                    f"a window holds {int(points.min())} logged points, fewer than {MIN_POINTS}: "
+                    "log more often in the gate's windows")  # fmt: skip
+    se = _per_seed(curves, late_gain_se)
+    mean = float(gains.clip(lower=0.0).mean())
+    se_mean = math.sqrt(float((se**2).sum())) / len(se)
+    limit = CONVERGED_GAIN + 2 * se_mean
+    return Gate(arm, "converged", mean < limit,
+                f"constant lr{note}: late gain {gains.min():+.1%} to {gains.max():+.1%}; mean "
+                f"{mean:+.1%} over {len(gains)} seeds against {CONVERGED_GAIN:.0%} + 2 SE = "
+                f"{limit:.1%}")  # fmt: skip
+
+
+def late_gain_gate(data: pd.DataFrame, arm: str) -> Gate:
+    """The late-gain rule alone, whatever the schedule: a pilot choosing a budget reads it (the
+    budget at which the loss stopped falling), as gn_batch_size's pilot chose its epochs."""
     curves = _seeds(data, arm, TRAIN_LOSS)
     if curves.empty:
         return Gate(arm, "converged", None, "no train-loss curve in runs.csv")
@@ -255,15 +359,47 @@ class Decision:
 
 
 def _failed(claim, found: list[Gate]) -> list[Gate]:
-    if hasattr(claim, "parts"):  # any of k parts: read only if every part's arms pass
+    """The gates that keep a claim from being read: trained and not saturated on its arms (and
+    converged where it compares final values, shown, not assumed). A ceiling that can only
+    understate the claim's side leaves a "holds" valid; a did-not-train that is the failure the
+    claim tests answers it (`_answered`)."""
+    if hasattr(claim, "parts"):  # any of k parts: `_valid_parts` decides it on its valid ones
         return list(dict.fromkeys(g for part in claim.parts.values() for g in _failed(part, found)))
     wanted = {"trained", "not saturated"} | ({"converged"} if claim.final else set())
-    failed = [g for g in found if g.arm in claim.arms and g.gate in wanted and g.passed is False]
+    holds = claim.verdict == stats.HOLDS
+    failed = [g for g in found if g.arm in claim.arms and g.gate in wanted and g.passed is False
+              and not (g.gate == "not saturated" and holds and g.arm in claim.ceiling_against)
+              and not (g.gate == "trained" and g.arm in claim.untrained_answers)]  # fmt: skip
     if claim.final:  # final values compared: each arm must be shown converged, not assumed
         shown = {g.arm for g in found if g.gate == "converged" and g.passed is not None}
+        untrained = {g.arm for g in found if g.gate == "trained" and g.passed is False}
         failed += [Gate(a, "converged", None, "not measured") for a in claim.arms
-                   if a not in shown]  # fmt: skip
-    return failed
+                   if a not in shown and a not in untrained]  # fmt: skip
+    if any(g.gate == "trained" for g in failed if g.arm in claim.untrained_answers):
+        return failed
+    # an arm that did not train, where that answers the claim, is not asked to converge
+    answered = {g.arm for g in found if g.gate == "trained" and g.passed is False
+                and g.arm in claim.untrained_answers}  # fmt: skip
+    return [g for g in failed if not (g.arm in answered and g.gate == "converged")]
+
+
+def _answered(claim, found: list[Gate]) -> str:
+    """The words a verdict gains where an arm's not training is the failure the claim tests."""
+    arms = [g.arm for g in found if g.gate == "trained" and g.passed is False
+            and g.arm in getattr(claim, "untrained_answers", ())]  # fmt: skip
+    return f" ({', '.join(arms)} did not train: the failure the claim tests)" if arms else ""
+
+
+def _valid_parts(claim, found: list[Gate]):
+    """An any-of claim decided on its valid parts: the claim with only the parts whose arms pass
+    their gates (itself where every part passes, or none does)."""
+    valid = {k: p for k, p in claim.parts.items() if not _failed(p, found)}
+    if not valid or len(valid) == len(claim.parts):
+        return claim, _failed(claim, found)
+    reduced = replace(claim, parts=valid)
+    if reduced.verdict == stats.HOLDS:  # one valid part holds: the invalid ones cannot undo it
+        return reduced, []
+    return claim, _failed(claim, found)
 
 
 def _word(gate: Gate) -> str:
@@ -304,36 +440,103 @@ def _side(claim) -> str:
     return stats.HOLDS if lo <= interval.mean <= hi else stats.FAILS
 
 
-def decide(claims: list, found: list[Gate], initial: int, cap: int) -> list[Decision]:
-    """Per claim: its verdict after the gates; the seeds its interval needs, planned from its
-    first `initial` values (seeds in order) and capped at `cap`; the verdict under Holm's
-    correction over the claims that passed their gates (family-wise 95%)."""
-    failed = [_failed(c, found) for c in claims]
-    ps = [math.nan if f or getattr(c, "precluded", "") else _p(c)
-          for c, f in zip(claims, failed, strict=True)]  # fmt: skip
-    rejected = stats.holm(ps)
-    out = []
-    for claim, fail, p, rej in zip(claims, failed, ps, rejected, strict=True):
-        gate_text = "; ".join(f"{g.arm} {_word(g)}" for g in fail)
-        picked = _values(claim)
-        planned = (None if picked is None else
-                   stats.seeds_needed(picked[0][:initial], picked[1], picked[2]))  # fmt: skip
-        verdict = claim.verdict
-        if picked is not None and 0 < len(picked[0]) < MIN_SEEDS:  # no verdict, not even invalid
-            verdict = holm = f"undecided ({len(picked[0])} seeds, fewer than {MIN_SEEDS})"
-            out.append(Decision(verdict, holm, planned, p, gate_text or "pass"))
+def _sequential(claim, p: float) -> tuple[str, float]:
+    """The claim's verdict at the sequential boundary, and the p it was decided by: a verdict
+    its 95% CI reaches but whose p is not below the boundary stays undecided; where it does not
+    hold and it has an equivalence band, "absent" if the two one-sided tests clear it."""
+    verdict = claim.verdict
+    if verdict in (stats.HOLDS, stats.FAILS) and not math.isnan(p) and p >= sequential.BOUNDARY:
+        verdict = f"{getattr(claim, 'undecided', stats.UNDECIDED)}; not past the boundary"
+    band, picked = getattr(claim, "absent", None), _values(claim)
+    if band is None or picked is None or verdict == stats.HOLDS:
+        return verdict, p
+    p_absent = stats.p_value(picked[0], band, picked[2])
+    inside = band[0] <= stats.Interval.of(picked[0], picked[2]).mean <= band[1]
+    if inside and p_absent < sequential.BOUNDARY:
+        half = (band[1] - band[0]) / 2
+        return f"{ABSENT} (within ±{half:.3g})", p_absent
+    return verdict, p
+
+
+ABSENT = "absent at this scale"
+
+
+def _budget(claim, found: list[Gate]) -> str:
+    """The budget test of a claim comparing final values (RULES['budget']): the pair of arms
+    whose held-out loss gap would change its verdict one window on, or ''."""
+    if not getattr(claim, "final", False):
+        return ""
+    ends = {g.arm: {s: (a, b) for s, a, b in g.ends} for g in found
+            if g.gate == "converged" and g.ends}  # fmt: skip
+    arms = [a for a in _claim_arms(claim) if a in ends]
+    for other in arms[1:]:
+        seeds = sorted(set(ends[arms[0]]) & set(ends[other]))
+        if len(seeds) < MIN_SEEDS:
             continue
-        precluded = getattr(claim, "precluded", "")
-        tested = not fail and not precluded
-        if fail:  # and where also precluded, both reasons: the family line counts each
-            verdict = holm = f"invalid: {gate_text}" + (f"; {precluded}" if precluded else "")
-        elif precluded:  # e.g. unreachable by construction: shown, not tested
-            verdict = holm = precluded
-        elif math.isnan(p):
-            holm = "n/a (interval not from seeds)" if picked is None else verdict
-        else:
-            holm = _side(claim) if rej else stats.UNDECIDED
-        if not fail and verdict.startswith("undecided") and planned and planned > cap:
-            verdict = f"{verdict}; needs ~{planned} seeds (cap {cap})"
-        out.append(Decision(verdict, holm, planned, p, gate_text or "pass", tested))
-    return out
+        gap = [(ends[arms[0]][s][1] - ends[other][s][1], ends[arms[0]][s][0] - ends[other][s][0])
+               for s in seeds]  # fmt: skip
+        now = [g100 for g100, _ in gap]
+        later = [2 * g100 - g80 for g100, g80 in gap]
+        if _sign(now) != _sign(later):
+            return f"{arms[0]} against {other}"
+    return ""
+
+
+def _claim_arms(claim) -> list[str]:
+    parts = getattr(claim, "parts", {}).values()
+    return list(dict.fromkeys([*claim.arms, *(a for part in parts for a in part.arms)]))
+
+
+def _sign(values: list[float]) -> int:
+    """+1 / -1 where the values' mean is past 0 at the sequential boundary, else 0."""
+    if stats.p_value(values, (0.0, stats.ABOVE)) >= sequential.BOUNDARY:
+        return 0
+    return 1 if sum(values) > 0 else -1
+
+
+def decide(claims: list, found: list[Gate], initial: int, cap: int) -> list[Decision]:
+    """Per claim: its verdict after the gates and the budget test, decided at the sequential
+    boundary (normlab.analysis.sequential); the seeds its interval needs, planned from its first
+    `initial` values (seeds in order) and capped at `cap`; the verdict under Holm's correction at
+    the boundary over the claims that passed their gates."""
+    read = [_valid_parts(c, found) if hasattr(c, "parts") else (c, _failed(c, found))
+            for c in claims]  # fmt: skip
+    budget = [_budget(c, found) if not f else "" for c, f in read]
+    decided = [(c.verdict, math.nan) if f or b or c.precluded else _sequential(c, _p(c))
+               for (c, f), b in zip(read, budget, strict=True)]  # fmt: skip
+    ps = [p for _, p in decided]
+    rejected = stats.holm(ps, alpha=sequential.BOUNDARY)
+    return [_decision(c, f, b, v, p, rej, initial, cap, found)
+            for (c, f), b, (v, p), rej in zip(read, budget, decided, rejected, strict=True)]
+
+
+def _decision(claim, fail: list[Gate], budget: str, verdict: str, p: float, rej: bool,
+              initial: int, cap: int, found: list[Gate]) -> Decision:  # fmt: skip
+    """One claim's Decision (decide's body, claim by claim)."""
+    gate_text = "; ".join(f"{g.arm} {_word(g)}" for g in fail)
+    picked = _values(claim)
+    planned = (None if picked is None or claim.precluded else
+               stats.seeds_needed(picked[0][:initial], picked[1], picked[2],
+                                  level=1 - sequential.BOUNDARY))  # fmt: skip
+    if picked is not None and 0 < len(picked[0]) < MIN_SEEDS:  # no verdict, not even invalid
+        verdict = holm = f"undecided ({len(picked[0])} seeds, fewer than {MIN_SEEDS})"
+        return Decision(verdict, holm, planned, p, gate_text or "pass")
+    precluded = claim.precluded
+    tested = not fail and not precluded and not budget
+    if fail:  # and where also precluded, both reasons: the family line counts each
+        verdict = holm = f"invalid: {gate_text}" + (f"; {precluded}" if precluded else "")
+    elif precluded:  # e.g. unreachable by construction: shown, not tested
+        verdict = holm = precluded
+    elif budget:
+        verdict = holm = f"budget-dependent: {budget}"
+    elif math.isnan(p):
+        holm = "n/a (interval not from seeds)" if picked is None else verdict
+    elif verdict.startswith(ABSENT):
+        holm = verdict if rej else stats.UNDECIDED
+    else:
+        holm = _side(claim) if rej else stats.UNDECIDED
+    if tested:
+        verdict += _answered(claim, found)
+    if tested and verdict.startswith("undecided") and planned and planned > cap:
+        verdict = f"{verdict}; needs ~{planned} seeds (cap {cap})"
+    return Decision(verdict, holm, planned, p, gate_text or "pass", tested)

@@ -29,6 +29,7 @@ PAPER_AT_32 = {"batchnorm": 23.6, "groupnorm": 24.1, "layernorm": 25.3, "instanc
 # ----- thresholds of the rules (percentage points of test error) -------------------------------
 MIN_BN_RISE = 2.0  # BN's error rises by more than this from b=32 to b=2
 GN_FLAT = 1.0  # GN's error at every b within +-this of its error at b=32
+ABSENT_FRACTION = 0.1  # an effect within +-a tenth of the paper's own is absent at this scale
 
 PAPER_PRECISE = (
     "Wu & Johnson 2021 Sec. 3: precise statistics estimate the population better than the "
@@ -118,7 +119,7 @@ def _epochs(run: Run) -> float:
 
 def pilot(data: pd.DataFrame, net_: str = "lenet") -> pd.DataFrame:
     """One network's pilot table: per norm and epochs, test error, final train loss and the
-    converged gate (gates.converged, the rule every arm is held to)."""
+    late-gain rule (gates.late_gain_gate: the budget at which the loss stops falling)."""
     rows = data[data["arm"].str.startswith(PILOT) & data["metric"].str.startswith("pilot/")]
     rows = rows[rows["arm"].map(net) == net_]
     if rows.empty:
@@ -128,7 +129,7 @@ def pilot(data: pd.DataFrame, net_: str = "lenet") -> pd.DataFrame:
     table = table.reindex(columns=["test_error", "train_loss"]).reset_index()
     table = table.rename(columns={"x": "epochs"})
     own = gates.by_arm(data)
-    table["gate"] = [gates.converged(own[pilot_arm(a, e)], pilot_arm(a, e))
+    table["gate"] = [gates.late_gain_gate(own[pilot_arm(a, e)], pilot_arm(a, e))
                      for a, e in zip(table["arm"], table["epochs"], strict=True)]  # fmt: skip
     return table
 
@@ -172,7 +173,16 @@ def _bn_rise(bn: pd.DataFrame, arm_: str = "batchnorm", net: str = "") -> Claim:
         f"{MIN_BN_RISE:g}-point bound is this suite's",
         arms=(gate_arm(arm_, BIG), gate_arm(arm_, SMALL)),
         final=True,
+        **_absent(PAPER_BN[2] - PAPER_BN[32], "rise"),
     )
+
+
+def _absent(effect: float, what: str) -> dict:
+    """The equivalence band of a claim: +-ABSENT_FRACTION of the paper's own effect."""
+    delta = ABSENT_FRACTION * abs(effect)
+    return {"absent": (-delta, delta),
+            "absent_why": f"{ABSENT_FRACTION:g} x the paper's {what} of {abs(effect):.1f} points, "
+                          "a fraction fixed for every claim of this figure before any run"}
 
 
 def _gn_flat(gn: pd.DataFrame, b: int, arm_: str = "groupnorm", net: str = "") -> Claim:
@@ -247,6 +257,7 @@ def _comparison_claims(err: dict[str, pd.DataFrame]) -> list[Claim]:
                 source="paper",
                 arms=(gate_arm(lower, BIG), gate_arm(higher, BIG)),
                 final=True,
+                **_absent(PAPER_AT_32[higher] - PAPER_AT_32[lower], "gap"),
             )
         )
     fixed = err.get(FIXED)

@@ -161,6 +161,9 @@ def _grad_claims(data: pd.DataFrame) -> list[Claim]:
             f"Post-LN, {title}: W2's gradient norm at init grows with the layer index",
             PAPER["grad_post"], quantity, slopes(grad_norms(data, arms["post"], name)),
             (0.0, ABOVE), source="paper", arms=(arms["post"],),
+            absent=(-MAX_PRE_SLOPE, MAX_PRE_SLOPE),
+            absent_why=f"flat by the band this suite calls Pre-LN's profile flat (+-"
+            f"{MAX_PRE_SLOPE:g} a layer), fixed before any slope was measured",
         ))  # fmt: skip
         claims.append(Claim(
             f"Pre-LN, {title}: W2's gradient norm at init is flat over the layers (|slope| below "

@@ -17,56 +17,53 @@ matplotlib.rcParams["svg.hashsalt"] = "normlab"  # the same figure gives the sam
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from normlab.analysis import gates, stats  # noqa: E402
+from normlab.analysis import gates, sequential, stats  # noqa: E402
 from normlab.analysis.logs import parse_overrides  # noqa: E402
 from normlab.tables import cell, markdown_table  # noqa: E402, F401 (cell: report.cell)
 
 
-def _verdict(claim: Claim | IntervalClaim) -> str:
-    """A claim's verdict: its `precluded` text where set (shown, not tested), else its interval
-    read against its region."""
-    return claim.precluded or stats.verdict(claim.interval, claim.region, claim.undecided)
-
-
 @dataclass
-class Claim:
-    """A claim tested on a per-seed quantity: its mean, 95% CI over seeds, rule and verdict."""
+class ClaimBase:
+    """What every claim kind shares: its words, the paper's number, provenance, the arms whose
+    gates decide whether it is read, and how a gate or an absent effect bears on it. A kind adds
+    its per-seed values and its test: a paired difference or ratio (`Claim`, a slope is one per
+    seed too), an interval computed elsewhere (`IntervalClaim`), a count (`CountClaim`), any of
+    several parts (`AnyClaim`); `absent` makes any of them an equivalence test as well."""
 
     claim: str  # what this suite tested, in its own words
     paper_number: str  # the paper's figure for it, quoted
-    quantity: str  # what one seed contributes, in words with its unit
-    values: list[float]  # one value per seed (arms compared within a seed)
-    region: tuple[float, float]  # where the paper's side lies: (2, ABOVE) is "above 2"
-    log: bool = False  # a ratio: geometric mean, CI on the log scale
-    undecided: str = stats.UNDECIDED  # the verdict's words when the CI straddles the threshold
-    source: str = ""  # provenance: "paper" (the paper states it) or "ours" (see `why`)
-    why: str = ""  # for an "ours" claim: why this suite tests this threshold or quantity
-    arms: tuple[str, ...] = ()  # the arms its values come from: their gates decide validity
-    final: bool = False  # compares final values: each arm must have converged
+    source: str = field(default="", kw_only=True)  # "paper" (it states it) or "ours" (see why)
+    why: str = field(default="", kw_only=True)  # for an "ours" claim: why this threshold/quantity
+    arms: tuple[str, ...] = field(default=(), kw_only=True)  # their gates decide validity
+    final: bool = field(default=False, kw_only=True)  # final values: each arm must converge
     # the verdict when the values cannot answer the claim as run (e.g. "not comparable: ..."):
-    # shown as gates' invalid verdicts are, and left out of Holm's family (as IntervalClaim's)
-    precluded: str = ""
-    ci_method: ClassVar[str] = stats.CI_METHOD
+    # shown as gates' invalid verdicts are, and left out of Holm's family
+    precluded: str = field(default="", kw_only=True)
+    # a ceiling on these arms' values can only understate the paper's side (a saturated update
+    # is an understated one): their saturation leaves a "holds" valid, and only a "holds"
+    ceiling_against: tuple[str, ...] = field(default=(), kw_only=True)
+    # arms whose not training is the failure the claim tests (a drop-in that does not train is
+    # not "within 0.05 nats"): their trained gate answers the claim instead of voiding it
+    untrained_answers: tuple[str, ...] = field(default=(), kw_only=True)
+    # an equivalence band around no effect, fixed before the effect was seen (absent_why says
+    # by which rule): where the claim does not hold, an interval inside it concludes "absent"
+    absent: tuple[float, float] | None = field(default=None, kw_only=True)
+    absent_why: str = field(default="", kw_only=True)
 
     def __post_init__(self) -> None:
         check_source(self)
-
-    @property
-    def interval(self) -> stats.Interval:
-        return stats.Interval.of(self.values, log=self.log)
+        if self.absent is not None and not self.absent_why:
+            raise ValueError(f"claim {self.claim!r}: an equivalence band says its rule "
+                             "(absent_why=...)")  # fmt: skip
 
     @property
     def verdict(self) -> str:
-        return _verdict(self)
+        return self.precluded or self.test_verdict()
 
-    @property
-    def rule(self) -> str:
-        side, other = stats.region_text(self.region)
-        mean = "geometric mean" if self.log else "mean"
-        return (
-            f"per seed: {self.quantity}. Holds if the 95% CI of its {mean} over seeds lies "
-            f"wholly {side}; does not hold if it lies wholly {other}; otherwise {self.undecided}"
-        )
+    def test_verdict(self) -> str:
+        """The kind's own verdict, before gates and the sequential boundary."""
+        return stats.verdict(self.interval, self.region, getattr(self, "undecided",
+                                                                 stats.UNDECIDED))  # fmt: skip
 
     def ours(self) -> str:
         return _ours(self.interval)
@@ -77,31 +74,41 @@ class Claim:
 
 
 @dataclass
-class IntervalClaim:
+class Claim(ClaimBase):
+    """A claim tested on a per-seed quantity (a paired difference, a ratio, a slope): its mean,
+    95% CI over seeds, rule and verdict."""
+
+    quantity: str  # what one seed contributes, in words with its unit
+    values: list[float]  # one value per seed (arms compared within a seed)
+    region: tuple[float, float]  # where the paper's side lies: (2, ABOVE) is "above 2"
+    log: bool = False  # a ratio: geometric mean, CI on the log scale
+    undecided: str = stats.UNDECIDED  # the verdict's words when the CI straddles the threshold
+    ci_method: ClassVar[str] = stats.CI_METHOD
+
+    @property
+    def interval(self) -> stats.Interval:
+        return stats.Interval.of(self.values, log=self.log)
+
+    @property
+    def rule(self) -> str:
+        side, other = stats.region_text(self.region)
+        mean = "geometric mean" if self.log else "mean"
+        return (
+            f"per seed: {self.quantity}. Holds if the 95% CI of its {mean} over seeds lies "
+            f"wholly {side}; does not hold if it lies wholly {other}; otherwise {self.undecided}"
+        ) + _absent_text(self)
+
+
+@dataclass
+class IntervalClaim(ClaimBase):
     """A claim decided, by Claim's rule, on an interval computed elsewhere: e.g. the bootstrap
     interval of a median over many values per seed (stats.bootstrap)."""
 
-    claim: str
-    paper_number: str
     quantity: str  # what the interval is of, in words with its unit
     interval: stats.Interval  # its estimate (as mean), low, high, and n seeds behind it
     region: tuple[float, float]  # where the paper's side lies
     ci_method: str  # how the interval was computed (the md's CI line)
     undecided: str = stats.UNDECIDED
-    source: str = ""  # "paper" or "ours" (as Claim)
-    why: str = ""
-    arms: tuple[str, ...] = ()
-    final: bool = False
-    # the verdict when the claim cannot be met by construction, whatever the interval (e.g.
-    # "unreachable: ..."): shown as gates' invalid verdicts are, and left out of Holm's family
-    precluded: str = ""
-
-    def __post_init__(self) -> None:
-        check_source(self)
-
-    @property
-    def verdict(self) -> str:
-        return _verdict(self)
 
     @property
     def rule(self) -> str:
@@ -111,33 +118,25 @@ class IntervalClaim:
             f"wholly {other}; otherwise {self.undecided}"
         )
 
-    def ours(self) -> str:
-        return _ours(self.interval)
-
-    def row(self) -> dict[str, object]:
-        """The claim's row of NAME.claims.csv."""
-        return _row(self)
-
 
 @dataclass
-class CountClaim:
+class CountClaim(ClaimBase):
     """A claim on how often an event (e.g. a seed that did not train) happens in arm a against
     arm b over seeds: the difference of the two fractions with Newcombe's 95% interval, decided
-    by Fisher's exact test (two-sided p below 0.05, on the side the difference lies)."""
+    by Fisher's exact test (two-sided p below the sequential boundary, on the side the
+    difference lies). No event in either arm is no test: it says so instead of planning seeds."""
 
-    claim: str
-    paper_number: str
     quantity: str  # the event, in words
     counts: tuple[int, int, int, int]  # events in a, seeds of a, events in b, seeds of b
-    source: str = ""
-    why: str = ""
-    arms: tuple[str, ...] = ()  # gates: only those that do not judge the event itself
-    final: bool = False
     region: tuple[float, float] = (0.0, stats.ABOVE)  # the paper's side: a fails more often
     ci_method: ClassVar[str] = "a difference of fractions: Newcombe's (Wilson score) interval"
 
     def __post_init__(self) -> None:
-        check_source(self)
+        super().__post_init__()
+        k_a, n_a, k_b, n_b = self.counts
+        if not self.precluded and k_a == 0 and k_b == 0:
+            self.precluded = (f"no events in either arm (0 of {n_a}, 0 of {n_b}): not a test; "
+                              "this setting does not produce the failure it counts")  # fmt: skip
 
     @property
     def test(self) -> tuple[stats.Interval, float]:
@@ -151,10 +150,9 @@ class CountClaim:
     def p_value(self) -> float:
         return self.test[1]
 
-    @property
-    def verdict(self) -> str:
+    def test_verdict(self) -> str:
         p, d = self.p_value, self.interval.mean
-        if math.isnan(p) or p >= 1 - stats.LEVEL:
+        if math.isnan(p) or p >= sequential.BOUNDARY:
             return stats.UNDECIDED
         lo, hi = self.region
         return stats.HOLDS if lo <= d <= hi else stats.FAILS
@@ -163,20 +161,23 @@ class CountClaim:
     def rule(self) -> str:
         k_a, n_a, k_b, n_b = self.counts
         side, _ = stats.region_text(self.region)
+        level = f"{sequential.BOUNDARY:.4f}"
         return (
             f"counted over seeds: {self.quantity} ({k_a} of {n_a} against {k_b} of {n_b}); the "
             f"difference of the fractions, with Newcombe's 95% interval. Holds if Fisher's "
-            f"exact test (two-sided) gives p < {1 - stats.LEVEL:.2f} with the difference "
-            f"{side}; does not hold if p < {1 - stats.LEVEL:.2f} the other way; otherwise "
-            f"{stats.UNDECIDED}"
+            f"exact test (two-sided) gives p < {level} (the sequential boundary) with the "
+            f"difference {side}; does not hold if p < {level} the other way; otherwise "
+            f"{stats.UNDECIDED}; no event in either arm is not a test"
         )
 
-    def ours(self) -> str:
-        return _ours(self.interval)
 
-    def row(self) -> dict[str, object]:
-        """The claim's row of NAME.claims.csv."""
-        return _row(self)
+def _absent_text(claim: ClaimBase) -> str:
+    if claim.absent is None:
+        return ""
+    lo, hi = claim.absent
+    return (f"; where it does not hold, absent at this scale if the interval at the sequential "
+            f"boundary lies inside [{lo:g}, {hi:g}] (two one-sided tests; the band: "
+            f"{claim.absent_why})")  # fmt: skip
 
 
 PROVENANCE = ("paper", "ours")
@@ -233,22 +234,14 @@ def decided_row(claim, decision: gates.Decision) -> dict[str, object]:
 
 
 @dataclass
-class AnyClaim:
+class AnyClaim(ClaimBase):
     """A claim that holds when any of its parts does (e.g. at some learning rate): holds if one
     part holds, does not hold if every part does not, otherwise undecided. Its numbers are the
-    deciding part's: the one furthest inside the paper's region among the best verdicts."""
+    deciding part's: the one furthest inside the paper's region among the best verdicts. The
+    gates decide it on its valid parts (`gates.decide`)."""
 
-    claim: str
-    paper_number: str
-    parts: dict[str, Claim]  # label (e.g. "lr 0.001") -> that part's claim, tested on its own
-    source: str = ""  # "paper" or "ours" (as Claim)
-    why: str = ""
-    arms: tuple[str, ...] = ()
-    final: bool = False
+    parts: dict[str, Claim] = field(default_factory=dict)  # label -> that part's claim
     ci_method: ClassVar[str] = stats.CI_METHOD
-
-    def __post_init__(self) -> None:
-        check_source(self)
 
     ORDER = (stats.HOLDS, stats.UNDECIDED, stats.FAILS)
 
@@ -269,8 +262,7 @@ class AnyClaim:
     def interval(self) -> stats.Interval:
         return self.parts[self.deciding].interval if self.parts else stats.Interval.of([])
 
-    @property
-    def verdict(self) -> str:
+    def test_verdict(self) -> str:
         verdicts = [p.verdict for p in self.parts.values()]
         if stats.HOLDS in verdicts:
             return stats.HOLDS
@@ -293,10 +285,6 @@ class AnyClaim:
     def ours(self) -> str:
         return f"{self.parts[self.deciding].ours()} ({self.deciding})" if self.parts else "n/a"
 
-    def row(self) -> dict[str, object]:
-        """The claim's row of NAME.claims.csv."""
-        return _row(self)
-
 
 @dataclass
 class Result:
@@ -307,6 +295,12 @@ class Result:
     notes: list[str] = field(default_factory=list)
     gates: list[gates.Gate] = field(default_factory=list)  # every arm's validity gates
     sections: dict[str, str] = field(default_factory=dict)  # md sections after the notes
+
+
+def verdict_kind(verdict: str) -> str:
+    """A verdict's kind for counting: its words before any detail ('invalid: a ...' ->
+    'invalid', 'absent at this scale (within ±1)' -> 'absent at this scale')."""
+    return verdict.split(":")[0].split(" (")[0].split(";")[0]
 
 
 def fmt(value: float, digits: int = 3) -> str:
@@ -331,8 +325,7 @@ def footer(found: list[gates.Gate], claims: list, decisions: list[gates.Decision
             "passes") + (f"; {unmeasured} of {len(found)} not measured" if unmeasured else "")
             + "."]  # fmt: skip
     for source in ("paper", "ours"):
-        verdicts = [d.verdict.split(":")[0].split(" (")[0].split(";")[0]
-                    for c, d in zip(claims, decisions, strict=True)
+        verdicts = [verdict_kind(d.verdict) for c, d in zip(claims, decisions, strict=True)
                     if getattr(c, "source", "") == source]  # fmt: skip
         if verdicts:
             counts = Counter(verdicts)
@@ -432,7 +425,10 @@ def gates_table(found: list[gates.Gate]) -> str:
         "- A claim reading an arm that fails its trained (or, comparing final values, "
         "converged; or not-saturated) gate is `invalid`: its number is shown, not read. A claim "
         "comparing final values is also `invalid` where an arm's converged gate was not "
-        "measured: convergence is shown, not assumed.",
+        "measured: convergence is shown, not assumed. Three exceptions keep valid evidence: a "
+        "ceiling that can only understate the claim's side leaves a `holds` valid; an arm's not "
+        "training answers a claim where that is the failure it tests (the verdict says so); an "
+        "any-of claim is decided on its valid parts.",
         "",
     ]
     return "\n".join(lines)
@@ -455,11 +451,17 @@ def claims_table(claims: list, decisions: list[gates.Decision], initial: int, ca
     ]  # fmt: skip
     lines = [
         f"Family: {len(claims)} claims, {tested} tested (the others {others}); "
-        "the last column decides them under Holm's correction at family-wise 95% (two-sided "
-        "p of each verdict's t-test, `normlab.analysis.stats.p_value`).  ",
-        f"Seeds: {initial} first; `planned` is the n whose interval would clear the nearest "
-        f"bound at the first {initial} seeds' mean and SD (`stats.seeds_needed`), run up to a cap "
-        f"of {cap} (`reproduce.py NAME --decide`).  ",
+        "the last column decides them under Holm's correction at the sequential boundary "
+        "(two-sided p of each verdict's test, `normlab.analysis.stats.p_value`).  ",
+        f"Design: {sequential.DESIGN}. Seeds: {initial} first; `planned` is the n whose interval "
+        f"at the boundary's level would clear the nearest bound at the first {initial} seeds' "
+        f"mean and SD (`stats.seeds_needed`), run up to a cap of {cap} "
+        "(`reproduce.py NAME --decide`).  ",
+        "Verdicts beside holds / does not hold: `absent at this scale (within ±δ)`, an "
+        "equivalence by two one-sided tests in a band fixed before the effect was seen (its "
+        "rule says which); `budget-dependent: <arms>`, a final-value comparison one more "
+        "window of the same drift would change (gates); `invalid: ...`, a gate keeps it from "
+        "being read.  ",
         "Source: `paper`, the paper states it (its number quoted); `ours`, a threshold or "
         "quantity of this suite (why below): a verdict on it is on this suite's test, not on "
         "the paper.",

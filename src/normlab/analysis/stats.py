@@ -167,11 +167,13 @@ def _on_scale(
 
 
 def seeds_needed(
-    values: Sequence[float], region: tuple[float, float], log: bool = False, limit: int = 10_000
-) -> int | None:
-    """The smallest n whose 95% t-interval, at the observed mean and SD of `values`, clears the
-    bound nearest the mean: n with t(0.975, n-1) * sd / sqrt(n) < distance. None when fewer than
-    2 finite values, or when no n up to `limit` does (the mean sits on a bound)."""
+    values: Sequence[float], region: tuple[float, float], log: bool = False, limit: int = 10_000,
+    level: float = LEVEL,
+) -> int | None:  # fmt: skip
+    """The smallest n whose t-interval at `level`, at the observed mean and SD of `values`,
+    clears the bound nearest the mean: n with t((1 + level) / 2, n-1) * sd / sqrt(n) < distance.
+    None when fewer than 2 finite values, or when no n up to `limit` does (the mean sits on a
+    bound)."""
     x, region = _on_scale(values, region, log)
     if len(x) < 2 or not np.all(np.isfinite(x)):
         return None
@@ -179,7 +181,7 @@ def seeds_needed(
     if sd == 0.0:
         return len(x) if distance > 0 else None
     n = np.arange(2, limit + 1)
-    clears = scipy_stats.t.ppf(0.5 + LEVEL / 2, n - 1) * sd / np.sqrt(n) < distance
+    clears = scipy_stats.t.ppf(0.5 + level / 2, n - 1) * sd / np.sqrt(n) < distance
     return int(n[clears.argmax()]) if clears.any() else None
 
 
@@ -228,7 +230,7 @@ def proportions(k_a: int, n_a: int, k_b: int, n_b: int) -> tuple[Interval, float
     return Interval(d, low, high, min(n_a, n_b)), p
 
 
-def holm(p_values: Sequence[float], alpha: float = 1 - LEVEL) -> list[bool]:
+def holm(p_values: Sequence[float], alpha: float = 1 - LEVEL) -> list[bool]:  # noqa: D401
     """Holm's step-down procedure: which hypotheses are rejected at family-wise level alpha
     (NaN p-values are not in the family and never rejected)."""
     tested = sorted((p, i) for i, p in enumerate(p_values) if not math.isnan(p))
