@@ -129,8 +129,9 @@ def table(claims: int = 10_000, initial: int = 3, cap: int = 12) -> str:
     rows = [f"| look {k + 1} | {r:.4f} |" for k, r in enumerate(sim.per_look)]
     return "\n".join(
         [
-            f"Null claims: {sim.claims} (true effect on the bound), seeds {initial} first, cap {cap}; "
-            f"boundary p < {BOUNDARY:.4f} at every look; mean seeds run {sim.mean_seeds:.2f}.",
+            f"Null claims: {sim.claims} (true effect on the bound), seeds {initial} first, "
+            f"cap {cap}; boundary p < {BOUNDARY:.4f} at every look; mean seeds run "
+            f"{sim.mean_seeds:.2f}.",
             "",
             "| false 'holds' | rate |",
             "|---|---|",
