@@ -68,6 +68,7 @@ def test_an_arm_at_the_trivial_loss_makes_its_claims_invalid():
     data.loc[stuck, "value"] = 1.5  # the LN-LSTM's final val loss is above 0.95 x this
     result = r.render(data)
     decided = gates.decide(result.claims, result.gates, 3, 12)
-    assert [d.verdict for d in decided] == ["invalid: layernorm did not train"] * 2
+    verdicts = [d.verdict.split("; would")[0] for d in decided]
+    assert verdicts == ["invalid: layernorm did not train"] * 2
     shown = {(g.arm, g.gate): g.passed for g in result.gates}
     assert shown[("pilot/none/lr0.001", "converged")] is True  # the pilot's arms shown too

@@ -149,9 +149,11 @@ def test_a_failed_gate_makes_the_claims_that_read_the_arm_invalid():
     claims = [claim([1.0, 1.1, 0.9], arms=("a", "c")), claim([1.0, 1.1, 0.9], arms=("b",)),
               claim([1.0, 1.1, 0.9], arms=("b",), final=True), claim([1.0, 1.1, 0.9])]  # fmt: skip
     d = gates.decide(claims, found, initial=3, cap=12)
-    assert d[0].verdict == d[0].holm == "invalid: a did not train"
+    assert d[0].verdict == d[0].holm == (
+        "invalid: a did not train; would decide it: a setting at which the arm trains")
     assert d[1].verdict == stats.HOLDS  # converged matters only where final values compare
-    assert d[2].verdict == "invalid: b still improving" and math.isnan(d[2].p_value)
+    assert d[2].verdict.startswith("invalid: b still improving; would decide it: a longer budget")
+    assert math.isnan(d[2].p_value)
     assert d[3].verdict == stats.HOLDS and d[3].gates == "pass"
     assert [x.tested for x in d] == [False, True, False, True]  # the family line counts these
 
@@ -308,9 +310,9 @@ def test_a_ceiling_that_understates_the_claim_keeps_only_a_holds_valid():
     down = _final([-1.0, -1.1, -0.9, -1.05], ("post",), ceiling_against=("post",))
     conv = [gates.Gate("post", "converged", True, "")]
     assert gates.decide([up], sat + conv, 3, 12)[0].verdict == stats.HOLDS
-    assert gates.decide([down], sat + conv, 3, 12)[0].verdict == "invalid: post saturated"
+    assert gates.decide([down], sat + conv, 3, 12)[0].verdict.startswith("invalid: post saturated")
     plain = _final([1.0, 1.1, 0.9, 1.05], ("post",))
-    assert gates.decide([plain], sat + conv, 3, 12)[0].verdict == "invalid: post saturated"
+    assert gates.decide([plain], sat + conv, 3, 12)[0].verdict.startswith("invalid: post saturated")
 
 
 def test_a_did_not_train_that_the_claim_tests_answers_it():
@@ -531,7 +533,8 @@ def test_an_any_claim_is_decided_on_its_valid_parts():
     assert gates.decide([claim], [ok[0], stuck], 3, 12)[0].verdict == stats.HOLDS  # a holds
     low = report.AnyClaim("any", "p", {"a": part("a", (0.1, 0.2, 0.0, 0.1, 0.15)), "b": part("b")},
                           source="paper")  # fmt: skip
-    assert gates.decide([low], [ok[0], stuck], 3, 12)[0].verdict == "invalid: b still improving"
+    low_d = gates.decide([low], [ok[0], stuck], 3, 12)[0]
+    assert low_d.verdict.startswith("invalid: b still improving")
 
 
 def test_a_final_value_claim_needs_each_arms_convergence_shown_not_assumed():
@@ -541,7 +544,8 @@ def test_a_final_value_claim_needs_each_arms_convergence_shown_not_assumed():
                          arms=("a", "b"))  # fmt: skip
     shown = [gates.Gate("a", "converged", True, ""), gates.Gate("b", "converged", None, "")]
     d_final, d_early = gates.decide([final, early], shown, 3, 12)
-    assert d_final.verdict == "invalid: b converged not measured" and math.isnan(d_final.p_value)
+    assert d_final.verdict.startswith("invalid: b converged not measured; would decide it: its")
+    assert math.isnan(d_final.p_value)
     assert d_early.verdict == stats.HOLDS  # not a final value: convergence is not asked
     both = gates.decide([final], [*shown[:1], gates.Gate("b", "converged", True, "")], 3, 12)
     assert both[0].verdict == stats.HOLDS
@@ -567,7 +571,7 @@ def test_the_family_counts_a_claim_precluded_and_invalid_once():
     read = report.Claim("read", "p", "q", [1.0, 1.1, 0.9], (0.5, stats.ABOVE), source="paper")
     found = [gates.Gate("a", "trained", False, "")]
     decisions = gates.decide([both, read], found, 3, 12)
-    assert decisions[0].verdict == "invalid: a did not train; not comparable: x"
+    assert decisions[0].verdict.startswith("invalid: a did not train; not comparable: x; would")
     table = report.claims_table([both, read], decisions, 3, 12)
     assert "Family: 2 claims, 1 tested" in table
 

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from normlab.analysis import gates
+from normlab.analysis.curves import crossing
 from normlab.analysis.logs import Run
 from normlab.analysis.report import Claim, Result
 from normlab.analysis.stats import ABOVE, BELOW
@@ -116,9 +117,9 @@ def smooth(curve: pd.Series) -> pd.Series:
 
 
 def steps_to(curve: pd.Series, target: float) -> float:
-    """The first step at which the (smoothed) accuracy is >= target; NaN if never."""
-    hit = curve[curve >= target - 1e-12]
-    return float(hit.index[0]) if len(hit) else math.nan
+    """The step at which the (smoothed) accuracy first rises to target (interpolated); NaN if
+    never."""
+    return crossing(curve, target, rising=True)
 
 
 def final(curve: pd.Series) -> float:

@@ -92,3 +92,20 @@ def seed_curves(ax: plt.Axes, data: pd.DataFrame, arm: str, style: str, color: s
         mean = curves.dropna().mean(axis=1)
         ax.plot(mean.index, mean.values, style, color=color, lw=2,
                 label=label.format(n=len(curves.columns)))  # fmt: skip
+
+
+def crossing(curve: pd.Series, target: float, rising: bool = False) -> float:
+    """The step (the curve's index) at which a curve first reaches `target` (falls to it, or with
+    `rising` rises to it), interpolated linearly between the evaluation before and the first at
+    or past it: evaluations every few steps would otherwise make every seed's crossing the same
+    multiple of the interval. NaN if never."""
+    steps, values = curve.index.to_numpy(dtype=float), curve.to_numpy(dtype=float)
+    sign = -1.0 if rising else 1.0
+    hit = np.flatnonzero(sign * values <= sign * target + 1e-12)
+    if not len(hit):
+        return math.nan
+    i = int(hit[0])
+    if i == 0 or values[i - 1] == values[i]:
+        return float(steps[i])
+    share = (values[i - 1] - target) / (values[i - 1] - values[i])
+    return float(steps[i - 1] + share * (steps[i] - steps[i - 1]))

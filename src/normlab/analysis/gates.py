@@ -402,6 +402,22 @@ def _valid_parts(claim, found: list[Gate]):
     return claim, _failed(claim, found)
 
 
+# what would decide a claim a gate keeps from being read, by the gate's failure
+FIXES = {
+    "did not train": "a setting at which the arm trains",
+    "still improving": "a longer budget at this lr (or the paper's lr decay)",
+    "saturated": "a setting below the quantity's ceiling (a lower lr)",
+    "not measured": "its gate rows (scripts/regate.py) or more logged points",
+}
+
+
+def _fixes(fail: list[Gate]) -> str:
+    """'; would decide it: ...' for the gates a claim failed."""
+    words = dict.fromkeys(FIXES["not measured"] if g.passed is None else FIXES[WORDS[g.gate]]
+                          for g in fail)  # fmt: skip
+    return f"; would decide it: {' and '.join(words)}"
+
+
 def _word(gate: Gate) -> str:
     """What a gate that keeps a claim from being read says of its arm."""
     return WORDS[gate.gate] if gate.passed is False else f"{gate.gate} not measured"
@@ -524,7 +540,8 @@ def _decision(claim, fail: list[Gate], budget: str, verdict: str, p: float, rej:
     precluded = claim.precluded
     tested = not fail and not precluded and not budget
     if fail:  # and where also precluded, both reasons: the family line counts each
-        verdict = holm = f"invalid: {gate_text}" + (f"; {precluded}" if precluded else "")
+        verdict = holm = (f"invalid: {gate_text}" + (f"; {precluded}" if precluded else "")
+                          + _fixes(fail))  # fmt: skip
     elif precluded:  # e.g. unreachable by construction: shown, not tested
         verdict = holm = precluded
     elif budget:

@@ -185,6 +185,17 @@ def _absent(effect: float, what: str) -> dict:
                           "a fraction fixed for every claim of this figure before any run"}
 
 
+def _absent_sd(errors: pd.Series | None, b: int) -> dict:
+    """The equivalence band of a claim the paper gives no number for: +-one seed-to-seed SD of
+    the BN arm's own test error at b (the noise of one arm, not the effect measured)."""
+    if errors is None or errors.notna().sum() < 2:
+        return {}
+    sd = float(errors.dropna().std(ddof=1))
+    return {"absent": (-sd, sd),
+            "absent_why": f"one seed-to-seed SD of BN's own test error at b={b} ({sd:.3g} "
+                          "points): the paper gives no number to take a fraction of"}
+
+
 def _gn_flat(gn: pd.DataFrame, b: int, arm_: str = "groupnorm", net: str = "") -> Claim:
     """GN's error at b minus at b=32 within the band."""
     return Claim(
@@ -305,6 +316,7 @@ def _precise_claims(err: dict[str, pd.DataFrame]) -> list[Claim]:
                 (0.0, ABOVE),
                 source="paper",
                 arms=(gate_arm("batchnorm", b), gate_arm(PRECISE, b)),
+                **_absent_sd(bn.get(b), b),
             )
         )
     claims.append(
@@ -321,6 +333,7 @@ def _precise_claims(err: dict[str, pd.DataFrame]) -> list[Claim]:
             why="neither paper measures BN's rise with precise statistics",
             arms=(gate_arm(PRECISE, BIG), gate_arm(PRECISE, SMALL)),
             final=True,
+            **_absent(PAPER_BN[2] - PAPER_BN[32], "rise"),
         )
     )
     return claims
