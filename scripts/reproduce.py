@@ -12,6 +12,8 @@
                                                    # values of a swept key; only their rows
                                                    # are replaced (a long grid over sessions)
     python scripts/reproduce.py NAME --norm X [--plugin MODULE]   # your norm as one more arm
+    python scripts/reproduce.py card --norm X [--plugin MODULE] [--budget quick|card]
+                                                   # X's report card (scripts/report_card.py)
     python scripts/reproduce.py all [--quick] [--jobs N]
     python scripts/reproduce.py --list
     python scripts/reproduce.py --readme           # README's Results table from the claims files
@@ -259,19 +261,21 @@ def reproduce(
     collect: bool = False,
     threads: int | None = None,
     subset: Subset | None = None,
+    cut: dict[str, tuple[str, ...]] | None = None,
 ) -> Path:
     """Run one NAME's sweeps (reusing finished jobs) and write its figure, data and md. With
     `grids`, only those grids run and their arms' rows replace the same arms' rows in the
     evidence already there (the other arms' rows kept as they are); with `subset` ((KEY,
     values), ...), only their jobs at those values of every KEY run, and only those jobs' rows
     are replaced (Reproduction.rows_at); with `norm`, the norm
-    joins the grids that compare norms (Reproduction.with_norm)."""
+    joins the grids that compare norms (Reproduction.with_norm; `cut`: overrides per grid, a
+    report card's slot)."""
     repro = REPRODUCTIONS[name]
     if seeds is None:
         seeds = default_seeds(quick, name)
     try:
         if norm:
-            repro = repro.with_norm(norm, plugin)
+            repro = repro.with_norm(norm, plugin, cut)
         if grids:
             repro = repro.only(grids)
         for key, values in subset or ():
@@ -439,6 +443,12 @@ def decide(name: str, quick: bool, jobs: int, root: Path, grids: list[str] | Non
 
 
 def main(argv: list[str] | None = None) -> None:
+    given = sys.argv[1:] if argv is None else argv
+    if given[:1] == ["card"]:  # a norm's report card: scripts/report_card.py
+        import report_card
+
+        report_card.main(given[1:])
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("name", nargs="?", help=f"one of {list(REPRODUCTIONS)} or 'all'")
     parser.add_argument("--quick", action="store_true", help="tiny budget (about a minute each)")

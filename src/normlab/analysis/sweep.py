@@ -147,10 +147,13 @@ class Reproduction:
                 mask &= self.job_rows(data, key, values)  # type: ignore[misc]  # narrow checked
         return mask
 
-    def with_norm(self, norm: str, plugin: str | None) -> Reproduction:
+    def with_norm(self, norm: str, plugin: str | None,
+                  cut: dict[str, tuple[str, ...]] | None = None) -> Reproduction:  # fmt: skip
         """The same reproduction with a registered norm (a user's, from module `plugin`) as one
         more arm of every grid in norm_grids: a grid <grid>-<norm> of the same experiment with
-        norm=custom norm.name=<norm> (its sweep of built-in norms replaced by that one)."""
+        norm=custom norm.name=<norm> (its sweep of built-in norms replaced by that one), its arm
+        `<grid>/<norm>` (`<norm>` for the unnamed main grid); `cut` adds overrides per grid (a
+        report card's slot cut to its question)."""
         if not self.norm_grids:
             raise ValueError(f"{self.name} has fixed arms: --norm works with "
                              "a reproduction that compares norms")  # fmt: skip
@@ -158,12 +161,19 @@ class Reproduction:
             raise ValueError(f"--norm must be a registered norm's name, got {norm!r}")
         extra = ("norm=custom", f"norm.name={norm}", *([f"plugins=[{plugin}]"] if plugin else ()))
         firsts = {g.name: g for g in reversed(self.grids) if g.name in self.norm_grids}
+        cut = cut or {}
         added = tuple(
-            arm_grid(replace(g, name=f"{g.name}-{norm}", overrides=(*_own(g), *extra)),
-                     f"{g.name}/{norm}")
+            arm_grid(replace(g, name=f"{g.name or 'main'}-{norm}",
+                             overrides=(*_own(g), *extra, *cut.get(g.name, ()))),
+                     norm_arm(g.name, norm))
             for g in firsts.values()
         )  # fmt: skip
         return replace(self, grids=self.grids + added)
+
+
+def norm_arm(grid: str, norm: str) -> str:
+    """The arm a norm added to a grid runs as (`--norm`, a report card)."""
+    return f"{grid}/{norm}" if grid not in ("", "main") else norm
 
 
 def _seeds_of(g: Grid, values: list[str], quick: bool, seeds: int | None) -> Grid:
@@ -230,7 +240,9 @@ def load(path: Path) -> Reproduction:
         extract=module.extract,
         render=getattr(module, spec.get("render", "render")),
         max_jobs=spec.get("max_jobs"),
-        norm_grids=tuple(spec.get("norm_grids", ())),
+        # the grids a norm joins: --norm's, and every report-card slot's (main: the unnamed)
+        norm_grids=tuple(dict.fromkeys([*spec.get("norm_grids", ()), *(
+            "" if c["grid"] == "main" else c["grid"] for c in spec.get("card", ()))])),
         initial_seeds=spec.get("seeds", {}).get("initial", 3),
         seed_cap=spec.get("seeds", {}).get("cap", 12),
         **hooks,

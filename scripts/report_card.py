@@ -1,0 +1,218 @@
+"""A norm's report card (`python scripts/reproduce.py card ...`, dispatched here).
+
+    python scripts/reproduce.py card --norm NAME|pkg.Class [--plugin MODULE]
+                                     [--budget quick|card] [--jobs N] [--threads N]
+                                     [--slots NAME,..]   # only these reproductions' slots
+    python scripts/reproduce.py card --leaderboard   # docs/cards.md from the built-in cards
+
+A built-in norm (one whose arms the reproductions commit: batchnorm, layernorm, groupnorm,
+rmsnorm, dyt, ...) is read from the committed evidence, no training. Any other norm runs in
+every slot that fits its traits (normlab.analysis.card), through `reproduce.py NAME --norm X
+--grids G`: finished jobs are reused, so an interrupted card resumes where it stopped. `card`
+(the default budget) is evidence: each slot's grid at its reproduction's protocol and initial
+seeds; `quick` is a smoke run of minutes, "smoke: not evidence", no verdicts, written under the
+ignored outputs/cards/quick/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from normlab.analysis import card, report
+from normlab.analysis.reproductions import REPRODUCTIONS
+
+REPO = Path(__file__).resolve().parents[1]
+CONF = REPO / "conf" / "reproduce"
+QUICK_JOB_S = 60.0  # a --quick job's time (its budget is a minute)
+FILES = ("md", "csv", "png")
+
+
+def check_norm(norm: str, plugin: str | None) -> None:
+    """A bad --norm fails here, in one line, before any job: an unknown name, a class path that
+    does not import, or something that is not an nn.Module class."""
+    from torch import nn  # lazy: --help and bad input stay fast
+
+    from normlab.norms import available_norms, norm_class
+
+    if str(REPO) not in sys.path:  # plugins import from the repo root, as train.py's jobs do
+        sys.path.insert(0, str(REPO))
+    if plugin:
+        try:
+            importlib.import_module(plugin)
+        except ImportError as err:
+            raise SystemExit(f"card: --plugin {plugin} does not import: {err}") from None
+    if "." in norm:
+        module, _, attr = norm.rpartition(".")
+        try:
+            obj = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as err:
+            raise SystemExit(f"card: --norm {norm} does not import: {err}") from None
+        if not (isinstance(obj, type) and issubclass(obj, nn.Module)):
+            raise SystemExit(f"card: --norm {norm} is a {type(obj).__name__}, not an nn.Module "
+                             "class (a norm class taking the number of features first)")
+        return
+    try:
+        known = norm_class(norm) is not None
+    except ValueError:  # NormConfigError: an unknown name
+        known = False
+    if not known:
+        raise SystemExit(f"card: --norm {norm!r} is not a registered norm; known: "
+                         f"{', '.join(available_norms())} (a user's: --plugin MODULE, or its "
+                         "class path pkg.Class)")  # fmt: skip
+
+
+def builtin(norm: str, slots: list[card.Slot]) -> bool:
+    """Whether the norm's arms are committed by the reproductions (read, not trained)."""
+    return any(norm in s.arms for s in slots)
+
+
+def estimate(slots: list[card.Slot], quick: bool) -> tuple[float, list[float]]:
+    """Seconds of one core per slot: the committed jobs of its first baseline, per seed, times
+    the seeds the card runs (a quick job: a minute)."""
+    per_slot = []
+    for s in slots:
+        repro = REPRODUCTIONS[s.reproduction]
+        seeds = 2 if quick else repro.initial_seeds
+        jobs = pd.read_csv(REPO / "outputs" / "figures" / s.reproduction / "jobs.csv")
+        mine = jobs[jobs["arm"] == s.arm(s.baselines[0])]
+        per_seed = len(mine) / max(1, mine["seed"].nunique())
+        wall = QUICK_JOB_S if quick else float(mine["wall_time_s"].median())
+        per_slot.append(seeds * per_seed * wall)
+    return sum(per_slot), per_slot
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min"
+
+
+def _evidence(slot: card.Slot, norm: str, quick: bool, root: Path) -> pd.DataFrame:
+    """The committed runs.csv of the slot's reproduction (the baselines), with the norm's own
+    rows from NAME+norm's (a trained card) where they exist."""
+    figures = root / "outputs" / "figures"
+    data = pd.read_csv(REPO / "outputs" / "figures" / slot.reproduction / "runs.csv")
+    own = (figures / "quick" if quick else figures) / f"{slot.reproduction}+{norm}" / "runs.csv"
+    if own.is_file():
+        mine = pd.read_csv(own)
+        data = pd.concat([data[data["arm"] != slot.arm(norm)], mine], ignore_index=True)
+    return data
+
+
+def run(norm: str, plugin: str | None, quick: bool, jobs: int, threads: int | None,
+        root: Path, only: list[str] | None = None) -> dict[str, Path]:  # fmt: skip
+    """Train the norm in every slot it fits (unless built in; `only`: the slots of these
+    reproductions), then write its card."""
+    import reproduce  # scripts/: the sweeps and the evidence's landing
+
+    slots = card.slots(CONF)
+    unknown = sorted(set(only or ()) - {s.reproduction for s in slots})
+    if unknown:
+        raise SystemExit(f"card: --slots {','.join(unknown)}: no slot there; slots in "
+                         f"{sorted({s.reproduction for s in slots})}")  # fmt: skip
+    slots = [s for s in slots if only is None or s.reproduction in only]
+    check_norm(norm, plugin)
+    fits = {s.title: s.applicable(norm) for s in slots}
+    todo = [s for s in slots if not fits[s.title]]
+    if not builtin(norm, slots):
+        total, each = estimate(todo, quick)
+        print(f"card {norm}: {len(todo)} slots to train ({len(slots) - len(todo)} not "
+              f"applicable), about {_hours(total)} of one core (from the committed jobs' wall "
+              f"times){'; smoke: not evidence' if quick else ''}", flush=True)  # fmt: skip
+        start, done = time.time(), 0.0
+        for k, (s, secs) in enumerate(zip(todo, each, strict=True), 1):
+            grid = f"{s.grid}-{norm}"
+            reproduce.reproduce(s.reproduction, quick, jobs, root, None, [grid], norm, plugin,
+                                threads=threads, cut={s.grid: s.overrides})  # fmt: skip
+            done += secs
+            spent = time.time() - start
+            left = spent / done * (total - done) if done else 0.0
+            print(f"card {norm}: slot {k}/{len(todo)} done ({s.reproduction}: {s.title}); "
+                  f"{_hours(spent)} so far, about {_hours(left)} left", flush=True)
+    return write(norm, slots, fits, quick, root, plugin)
+
+
+def write(norm: str, slots: list[card.Slot], fits: dict[str, str], quick: bool,
+          root: Path, plugin: str | None = None) -> dict[str, Path]:  # fmt: skip
+    """outputs/cards[/quick]/NORM.{md,csv,png} from the evidence."""
+    rows: list = []
+    for s in slots:
+        if fits[s.title]:
+            rows.append((s, fits[s.title]))
+            continue
+        rows += card.rows(s, norm, _evidence(s, norm, quick, root), smoke=quick)
+    frame = card.table(rows)
+    out = root / "outputs" / "cards" / ("quick" if quick else "")
+    out.mkdir(parents=True, exist_ok=True)
+    safe = norm.replace("/", "_")
+    paths = {k: out / f"{safe}.{k}" for k in FILES}
+    frame.to_csv(paths["csv"], index=False, float_format=report.FLOAT)
+    card.figure(norm, rows, paths["png"])
+    how = ("read from the committed evidence (no training)" if builtin(norm, slots) else
+           f"`python scripts/reproduce.py card --norm {norm}"
+           + (f" --plugin {plugin}" if plugin else "") + (" --budget quick`" if quick else "`"))
+    header = [f"# Report card: {norm}", "", *([f"**{card.SMOKE}**", ""] if quick else []),
+              f"![{safe}]({safe}.png)", "", f"Command: {how}  ",
+              "Verdicts: the norm against each baseline, paired by seed, by the reproductions' "
+              "rules (gates, the sequential boundary, an equivalence band per quantity).  ",
+              "Bands: " + "; ".join(dict.fromkeys(f"{s.reproduction}: {s.delta_why}"
+                                                  for s in slots))]  # fmt: skip
+    paths["md"].write_text(card.markdown(norm, frame, header))
+    return paths
+
+
+def leaderboard(root: Path, norms: tuple[str, ...] = ("batchnorm", "layernorm", "groupnorm",
+                                                       "rmsnorm", "dyt")) -> Path:  # fmt: skip
+    """docs/cards.md: the built-in norms' committed cards as one table."""
+    cards = {}
+    for n in norms:
+        path = root / "outputs" / "cards" / f"{n}.csv"
+        if path.is_file():
+            cards[n] = pd.read_csv(path, keep_default_na=False)
+    text = "\n".join([
+        "# Report cards", "",
+        "Each built-in norm's card (outputs/cards/NORM.md), one row per norm: its mean per slot "
+        "quantity and its verdicts against the slot's baselines. Regenerate with "
+        "`python scripts/reproduce.py card --leaderboard`; a norm of your own: "
+        "`python scripts/reproduce.py card --norm NAME --plugin MODULE`.", "",
+        card.leaderboard(cards), ""])  # fmt: skip
+    path = root / "docs" / "cards.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="reproduce.py card", description=__doc__.splitlines()[0])
+    parser.add_argument("--norm", help="a registered norm's name, or a class path pkg.Class")
+    parser.add_argument("--plugin", help="module that registers --norm (plugins=[MODULE])")
+    parser.add_argument("--budget", choices=("quick", "card"), default="card")
+    parser.add_argument("--jobs", type=int, default=1, help="parallel jobs")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads per job")
+    parser.add_argument("--root", type=Path, default=REPO, help="where outputs/ goes")
+    parser.add_argument("--leaderboard", action="store_true", help="write docs/cards.md")
+    parser.add_argument("--slots", help="comma-separated reproductions: only their slots")
+    args = parser.parse_args(argv)
+    if args.leaderboard:
+        print(f"wrote {leaderboard(args.root.resolve())}")
+        return
+    if not args.norm:
+        parser.error("card needs --norm NAME (or --leaderboard)")
+    try:
+        only = [n for n in args.slots.split(",") if n] if args.slots else None
+        paths = run(args.norm, args.plugin, args.budget == "quick", args.jobs, args.threads,
+                    args.root.resolve(), only)  # fmt: skip
+    except KeyboardInterrupt:
+        print(f"card {args.norm}: interrupted; finished jobs are kept. continue with: python "
+              f"scripts/reproduce.py card {' '.join(argv)}", file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
+    print(f"card {args.norm}: wrote {paths['md']}")
+    print(pd.read_csv(paths["csv"], keep_default_na=False).to_string(index=False))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,134 @@
+"""The report card: slots declared with the reproductions, rows read from the committed evidence
+through the reproductions' rules, bad --norm refused before any job, and (slow) a quick card of
+examples/my_norm.py that resumes."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from normlab.analysis import card, stats
+
+REPO = Path(__file__).resolve().parents[1]
+CONF = REPO / "conf" / "reproduce"
+
+
+def _script(name: str):
+    sys.path.insert(0, str(REPO / "scripts"))
+    return importlib.import_module(name)
+
+
+def _slot(reproduction: str) -> card.Slot:
+    return next(s for s in card.slots(CONF) if s.reproduction == reproduction)
+
+
+def test_slots_are_declared_with_their_reproductions_and_join_its_norm_grids():
+    from normlab.analysis.reproductions import REPRODUCTIONS
+
+    slots = card.slots(CONF)
+    assert {s.reproduction for s in slots} >= {"bn_lenet", "gn_batch_size", "ln_rnn", "dyt_vs_ln"}
+    for s in slots:
+        grid = "" if s.grid == "main" else s.grid
+        assert grid in REPRODUCTIONS[s.reproduction].norm_grids  # --norm X joins it
+        assert s.baselines and s.quantities and s.delta_why
+        assert all(q["kind"] in card.KINDS and q["better"] in ("lower", "higher")
+                   for q in s.quantities)  # fmt: skip
+    assert _slot("ln_rnn").arm("mine") == "mine" and _slot("dyt_vs_ln").arm("mine") == "gpt/mine"
+
+
+def test_a_builtin_norms_rows_come_from_the_committed_evidence_by_the_rules():
+    """BN against the no-norm MLP: better on every quantity (the reproduction's own claims
+    hold); a quantity the norm never ran reads 'not run', not a verdict."""
+    slot = _slot("bn_lenet")
+    data = pd.read_csv(REPO / "outputs" / "figures" / "bn_lenet" / "runs.csv")
+    rows = card.rows(slot, "batchnorm", data)
+    assert [r.verdicts["none"] for r in rows] == ["better"] * len(slot.quantities)
+    assert all(r.norm.n == 20 for r in rows)
+    absent = card.rows(slot, "layernorm", data)
+    assert all(v == "not run" for r in absent for v in r.verdicts.values())
+    table = card.table(rows)
+    assert list(table["verdicts"]) == ["vs none: better"] * len(slot.quantities)
+
+
+def test_a_norm_the_slot_cannot_take_reads_not_applicable_with_the_traits_reason():
+    assert _slot("ln_rnn").applicable("batchnorm").startswith("not applicable: an LSTM's norm")
+    assert _slot("ln_rnn").applicable("layernorm") == ""
+    frame = card.table([(_slot("ln_rnn"), _slot("ln_rnn").applicable("batchnorm"))])
+    assert frame["norm"].iloc[0].startswith("not applicable")
+
+
+def test_an_equivalent_norm_reads_equivalent_within_its_band():
+    q = {"name": "loss", "kind": "final", "metric": "m", "better": "lower", "delta": 0.5,
+         "final": False}  # fmt: skip
+    seeds = range(6)
+    rows = [("n", s, float("nan"), "m", 1.0 + 0.01 * s) for s in seeds]
+    rows += [("b", s, float("nan"), "m", 1.0 + 0.012 * s) for s in seeds]
+    data = pd.DataFrame(rows, columns=["arm", "seed", "x", "metric", "value"])
+    slot = card.Slot("r", "t", "g", {"n": "n", "b": "b"}, ("b",), (q,), "a rule")
+    assert card.rows(slot, "n", data)[0].verdicts == {"b": "equivalent (within ±0.5)"}
+    q2 = {**q, "delta": 0.001}
+    slot2 = card.Slot("r", "t", "g", {"n": "n", "b": "b"}, ("b",), (q2,), "a rule")
+    assert card.rows(slot2, "n", data)[0].verdicts["b"] in ("undecided", "better")
+    assert isinstance(card.rows(slot2, "n", data)[0].norm, stats.Interval)
+
+
+@pytest.mark.parametrize(
+    ("norm", "plugin", "says"),
+    [
+        ("nosuchnorm", None, "is not a registered norm"),
+        ("nosuch_pkg.Norm", None, "does not import"),
+        ("normlab.norms.create_norm", None, "not an nn.Module class"),
+        ("meanonly", "no_such_plugin_module", "does not import"),
+    ],
+)
+def test_a_bad_norm_fails_in_one_line_before_any_job(norm, plugin, says, monkeypatch):
+    rc = _script("report_card")
+    reproduce = _script("reproduce")
+    monkeypatch.setattr(reproduce, "reproduce", lambda *a, **k: pytest.fail("a job started"))
+    with pytest.raises(SystemExit) as stop:
+        rc.run(norm, plugin, True, 1, 1, REPO)
+    text = str(stop.value)
+    assert says in text and "\n" not in text
+
+
+def test_the_leaderboard_has_a_row_per_builtin_card(tmp_path):
+    rc = _script("report_card")
+    (tmp_path / "outputs" / "cards").mkdir(parents=True)
+    (tmp_path / "docs").mkdir()
+    for norm in ("batchnorm", "layernorm"):
+        rc.write(norm, card.slots(CONF), {s.title: s.applicable(norm) for s in card.slots(CONF)},
+                 False, tmp_path)  # fmt: skip
+        # the committed evidence is the repo's: write() read it, tmp_path holds only the card
+        assert (tmp_path / "outputs" / "cards" / f"{norm}.png").is_file()
+    text = rc.leaderboard(tmp_path).read_text()
+    lines = [line for line in text.splitlines() if line.startswith("| batchnorm") or
+             line.startswith("| layernorm")]  # fmt: skip
+    assert len(lines) == 2 and "better" in lines[0]
+
+
+@pytest.mark.slow
+def test_a_quick_card_of_my_norm_runs_resumes_and_says_it_is_a_smoke_run(tmp_path):
+    """examples/my_norm.py's mean-only LayerNorm, quick, the bn_lenet slot: rows written under
+    the ignored outputs/cards/quick/, smoke-labelled, no verdicts; a second run reuses its jobs."""
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    cmd = [sys.executable, "scripts/reproduce.py", "card", "--norm", "meanonly", "--plugin",
+           "examples.my_norm", "--budget", "quick", "--slots", "bn_lenet", "--threads", "1",
+           "--root", str(tmp_path)]  # fmt: skip
+    first = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "about" in first.stdout and "slot 1/1 done" in first.stdout
+    md = (tmp_path / "outputs" / "cards" / "quick" / "meanonly.md").read_text()
+    assert card.SMOKE in md and "better" not in md and "worse" not in md
+    rows = pd.read_csv(tmp_path / "outputs" / "cards" / "quick" / "meanonly.csv")
+    assert len(rows) == len(_slot("bn_lenet").quantities)
+    again = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stderr[-2000:]
+    jobs = pd.read_csv(tmp_path / "outputs" / "figures" / "quick" / "bn_lenet+meanonly" /
+                       "jobs.csv")  # fmt: skip
+    assert (jobs["reused"] == 1).all()  # resumed: every job found finished
