@@ -42,7 +42,9 @@ def test_third_party_tips_and_deprecations_are_not_printed(tmp_path):
 
 def test_progress_epoch_prints_one_line_per_epoch_with_train_and_val_metrics(tmp_path):
     out = train_cli(tmp_path, progress="epoch")
-    lines = [line for line in out.splitlines() if "[normlab.callbacks.progress]" in line]
+    lines = [
+        line for line in out.splitlines() if "[normlab.callbacks.progress][INFO] - epoch " in line
+    ]
     assert len(lines) == 2
     assert "epoch 1/2  step 2/4  train/acc " in lines[0] and "epoch 2/2  step 4/4" in lines[1]
     assert all("train/loss " in line and "val/acc " in line for line in lines)
