@@ -104,7 +104,7 @@ def block_commands(lines: list[str]) -> list[tuple[str, str | None]]:
             i += 1
         line = line.split("  #")[0].split(" # ")[0].strip()
         error = None
-        if i < len(lines) and lines[i].startswith("error:"):  # the block shows it failing
+        if i < len(lines) and lines[i].startswith(("error:", "did you mean")):  # it fails
             error = " ".join(lines[i:])
         found.append((line, error))
     return found
