@@ -273,6 +273,7 @@ def test_an_interrupted_run_says_where_it_is_and_how_to_continue(tmp_path, sig):
     assert proc.returncode == 128 + signal.Signals[sig], proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr
     where, command = proc.stderr.strip().splitlines()[-2:]
+    assert proc.stderr.count("continue with:") == 1  # one hint per interruption
     assert where == f"interrupted ({sig}): run dir {run_dir}, resumable from checkpoints/last.ckpt"
     argv = shlex.split(command.removeprefix("continue with: "))
     assert argv[:2] == ["python", "train.py"] and command.startswith("continue with: ")
