@@ -88,6 +88,25 @@ def test_the_estimate_counts_steps_and_validations_and_says_how_to_shorten():
     )  # under a minute: no advice
 
 
+def test_a_long_estimate_with_torchs_own_threads_suggests_one_thread():
+    long = dict(steps=275000, step_s=0.01, epochs=10, epoch_steps=27500, val_s=10.0)
+    hint = "; torch runs 2 threads: on a machine shared with other jobs num_threads=1 is often"
+    assert hint in Estimate(**long, threads=2).line()
+    assert "num_threads" not in Estimate(**long, threads=1).line()
+    assert "num_threads" not in Estimate(**long).line()  # set by the config: threads None
+    short = dict(steps=10, step_s=0.02, epochs=2, epoch_steps=5, val_s=None)
+    assert "num_threads" not in Estimate(**short, threads=2).line()  # under a minute
+
+
+@pytest.mark.parametrize(("threads", "own"), [([], True), (["num_threads=1"], False)])
+def test_the_estimate_knows_whether_the_config_set_the_threads(threads, own, compose, tmp_path):
+    from normlab.run import build_callbacks
+
+    cfg = compose(["progress=epoch", *threads], tmp_path)
+    (estimate,) = [c for c in build_callbacks(cfg) if isinstance(c, RunEstimate)]
+    assert estimate.own_threads is own
+
+
 def test_run_estimate_reads_the_budget_and_the_sanity_checks_validation_time():
     cb = RunEstimate()
     cb._val = [0.05, 0.01]  # the sanity check's batches: the fastest stands for one

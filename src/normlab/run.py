@@ -141,7 +141,7 @@ def build_callbacks(cfg: DictConfig, resolved: dict[str, Any] | None = None) -> 
         except Exception as err:  # instantiate wraps the cause; name the config key
             raise ConfigError(f"callbacks.{name}: {err}") from err
     if cfg.get("progress") in ("epoch", "bar"):
-        callbacks.append(RunEstimate())
+        callbacks.append(RunEstimate(own_threads=not cfg.get("num_threads")))
     if cfg.get("progress") == "epoch":
         callbacks += [StepProgress(float(cfg.get("progress_every") or 30)), EpochProgress()]
     return callbacks

@@ -243,6 +243,7 @@ class Estimate:
     epochs: int | None
     epoch_steps: int | None
     val_s: float | None
+    threads: int | None = None  # torch's threads, when the config left them to torch
 
     @property
     def seconds(self) -> float:
@@ -278,19 +279,32 @@ class Estimate:
             text += f", validation about {duration(self.val_s)}"
         text += " (this machine, timed over the first steps)"
         hints = self.shorter() if self.seconds > hint_over_s else []
-        return text + ("; shorter: " + " or ".join(hints) if hints else "")
+        text += "; shorter: " + " or ".join(hints) if hints else ""
+        if self.threads and self.threads > 1 and self.seconds > hint_over_s:
+            text += (
+                f"; torch runs {self.threads} threads: on a machine shared with other jobs "
+                "num_threads=1 is often several times faster (README, Set-up)"
+            )
+        return text
 
 
 class RunEstimate(pl.Callback):
     """Once, early in the first epoch, on rank 0: how long the run will take (Estimate.line),
     from the time of its training steps after the first (at least `steps` of them over
     `min_s` seconds, or all those of `max_s` seconds, or the first epoch's when it is shorter)
-    and of the sanity check's validation batches; past `hint_over_s`, how to make it shorter."""
+    and of the sanity check's validation batches; past `hint_over_s`, how to make it shorter
+    (and, with `own_threads`, the config's num_threads unset, that num_threads=1 may be faster)."""
 
     def __init__(
-        self, steps: int = 20, min_s: float = 1.0, max_s: float = 10.0, hint_over_s: float = 60.0
+        self,
+        steps: int = 20,
+        min_s: float = 1.0,
+        max_s: float = 10.0,
+        hint_over_s: float = 60.0,
+        own_threads: bool = False,
     ) -> None:
         self.steps, self.min_s, self.max_s, self.hint_over_s = steps, min_s, max_s, hint_over_s
+        self.own_threads = own_threads
         self._val: list[float] = []  # seconds of each sanity-check validation batch
         self._clock: float | None = None  # when the batch (or training) being timed began
         self._from: float | None = None  # the end of the first training step
@@ -349,7 +363,9 @@ class RunEstimate(pl.Callback):
         if self._val and epochs_left is not None:
             batches = sum(int(n) for n in trainer.num_val_batches if n != float("inf"))
             val_s = min(self._val) * batches * validations(trainer, epochs_left, per_epoch)
-        return Estimate(max(total - self._start_step, 0), step_s, epochs_left, per_epoch, val_s)
+        threads = torch.get_num_threads() if self.own_threads else None
+        steps = max(total - self._start_step, 0)
+        return Estimate(steps, step_s, epochs_left, per_epoch, val_s, threads)
 
 
 def validations(trainer: pl.Trainer, epochs: int, per_epoch: int | None) -> int:
