@@ -42,6 +42,27 @@ def test_a_mistyped_key_names_the_valid_one_before_hydras_plus_advice():
     assert "To append to your config use +norm.num_grups=4" in lines[2]  # Hydra's, after ours
 
 
+def test_a_multirun_names_the_key_with_the_values_as_typed(tmp_path):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "-m",
+            "norm=groupnorm",
+            "norm.num_grups=2,4",
+            f"hydra.sweep.dir={tmp_path}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # it fails composing its first job: nothing runs
+    assert not list(tmp_path.glob("*/csv"))
+    assert proc.stderr.splitlines()[0] == (
+        "did you mean norm.num_groups=2,4? (norm.num_grups is not a key of the config)"
+    )
+
+
 def test_a_key_of_another_choice_names_that_choice():
     # the default norm is batchnorm: num_groups is a key of norm=groupnorm
     proc = cfg_job("norm.num_grups=4")

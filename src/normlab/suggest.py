@@ -22,6 +22,7 @@ from __future__ import annotations
 import difflib
 import functools
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +79,8 @@ def unknown_key(err: BaseException, overrides: list[str], conf_dir: Path | None)
     if match is None or not isinstance(parent, DictConfig):
         return None
     key = match.group(1)
-    value = _value(overrides, key)
+    # as typed: a multirun's sweep (norm.num_grups=2,4) rather than its first job's value
+    value = _value(sys.argv[1:], key) or _value(overrides, key)
     root: DictConfig = parent._get_root()  # type: ignore[assignment]
     near = nearest_key(root, key)
     if near is not None and near != key:
