@@ -1,12 +1,19 @@
 """Train one configuration: `python train.py norm=groupnorm batch=2` (see README)."""
 
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
 import normlab.config  # registers the resolvers conf/ uses (omegaconf only: loads in ms)
+import normlab.console
+import normlab.suggest
 import normlab.sweep.jobs  # the multirun job the sweep's callback started (no torch either)
+
+# a typo of a key or choice names the valid one first ("did you mean"), before Hydra's advice
+normlab.suggest.install(Path(__file__).resolve().parent / "conf")
+normlab.console.quiet()  # before an Optuna search sets up its storage
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")

@@ -107,3 +107,45 @@ def test_the_default_output_dir_is_ignored_by_git_and_not_the_committed_tables()
     for path in (default / "norms.csv", default / "keep_heap" / "train.md"):
         ignored = subprocess.run(["git", "check-ignore", "-q", str(path)], cwd=bench.REPO)
         assert ignored.returncode == 0, f"{path} is not ignored by git"
+
+
+def ctrl_c_in_fit(*args, **kwargs):
+    """What Lightning makes of a Ctrl+C inside fit: sys.exit(1) while handling it."""
+    try:
+        raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        raise SystemExit(1)  # noqa: B904 (Lightning's own)
+
+
+@pytest.mark.parametrize(
+    ("part", "during", "wrote", "left"),
+    [
+        ("all", "train", "saved {out}/norms.csv and norms.md", "train"),
+        ("all", "norms", "nothing saved yet", "all"),
+        ("train", "train", "nothing saved yet", "train"),
+    ],
+)
+def test_ctrl_c_says_what_was_saved_and_how_to_continue(
+    part, during, wrote, left, tiny_bench, monkeypatch, capsys
+):
+    monkeypatch.setattr(norms, "bench", lambda rounds: [{"norm": "x", "ms": 1.0}])
+    monkeypatch.setattr(norms if during == "norms" else train, "bench", ctrl_c_in_fit)
+    with pytest.raises(SystemExit) as exit_:
+        bench.main([part, "--rounds", "1", "--out", str(tiny_bench)])
+    assert exit_.value.code == 130
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[-2].startswith("interrupted (SIGINT): " + wrote.format(out=tiny_bench))
+    assert lines[-1] == (
+        f"continue with: python scripts/bench.py {left} --rounds 1 --out {tiny_bench}"
+    )
+    assert sum(line.startswith("continue with:") for line in lines) == 1
+    assert (tiny_bench / "norms.csv").exists() == (wrote != "nothing saved yet")
+
+
+def test_an_error_that_is_not_a_signal_is_raised_as_it_is(tiny_bench, monkeypatch):
+    def broken(rounds):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(norms, "bench", broken)
+    with pytest.raises(RuntimeError, match="a bug"):
+        bench.main(["norms", "--out", str(tiny_bench)])

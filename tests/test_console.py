@@ -12,6 +12,7 @@ import torch
 from conftest import REPO, TINY
 
 from normlab.callbacks.progress import epoch_line
+from normlab.console import QUIET_LOGGERS
 
 RUN = ["batch=16", *TINY, "trainer.max_epochs=2", "test=false"]
 
@@ -33,16 +34,45 @@ def test_each_lightning_line_is_printed_once_and_kept_in_the_log_file(tmp_path):
     assert "`Trainer.fit` stopped" in (tmp_path / "train.log").read_text()  # Hydra's file
 
 
-def test_third_party_tips_and_deprecations_are_not_printed(tmp_path):
+def test_third_party_tips_inventories_and_deprecations_are_not_printed(tmp_path):
     out = train_cli(tmp_path)
     assert "litlogger" not in out
     assert "LeafSpec" not in out
-    assert "GPU available" in out  # Lightning's other lines are still printed
+    assert "GPU available" not in out and "TPU available" not in out
+    assert "`Trainer.fit` stopped" in out  # Lightning's other lines are still printed
+
+
+def test_trackers_warn_nothing_the_user_cannot_act_on(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_SILENT"}  # wandb's warnings shown
+    proc = subprocess.run(
+        [sys.executable, "train.py", *RUN, "logger=[csv,wandb,mlflow]", "progress=none",
+         f"hydra.run.dir={tmp_path / 'run'}", f"paths.output_root={tmp_path}"],
+        cwd=REPO, env={**env, "WANDB_MODE": "offline"}, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    assert "anonymous setting has no effect" not in out  # wandb, for Lightning's anonymous=None
+    assert "not found. Creating it." not in out  # MLflow's first run in a store
+    assert list((tmp_path / "mlruns").iterdir())  # the MLflow run was written all the same
+
+
+def test_train_py_quiets_alembic_before_an_optuna_search_starts():
+    import logging
+    import runpy
+
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET)
+    runpy.run_path(str(REPO / "train.py"), run_name="imported")  # its module code, no run
+    assert not logging.getLogger("alembic.runtime.plugins").isEnabledFor(logging.INFO)
+    assert logging.getLogger("alembic.runtime.plugins").isEnabledFor(logging.WARNING)
 
 
 def test_progress_epoch_prints_one_line_per_epoch_with_train_and_val_metrics(tmp_path):
     out = train_cli(tmp_path, progress="epoch")
-    lines = [line for line in out.splitlines() if "[normlab.callbacks.progress]" in line]
+    lines = [
+        line for line in out.splitlines() if "[normlab.callbacks.progress][INFO] - epoch " in line
+    ]
     assert len(lines) == 2
     assert "epoch 1/2  step 2/4  train/acc " in lines[0] and "epoch 2/2  step 4/4" in lines[1]
     assert all("train/loss " in line and "val/acc " in line for line in lines)

@@ -119,12 +119,45 @@ def test_no_files_offline_names_every_accepted_file_and_where(tmp_path):
     data = FashionMNISTDataModule(root=str(tmp_path / "empty"), download=False)
     with pytest.raises(DataError) as err:
         data.prepare_data()
-    message = str(err.value)
-    assert "\n" not in message
-    assert str(tmp_path / "empty" / "FashionMNIST" / "raw") in message
-    for name in SHA256:
-        assert f"{name}.gz or {name}" in message
-    assert "NORMLAB_DATA" in message
+    raw = tmp_path / "empty" / "FashionMNIST" / "raw"
+    assert str(err.value).splitlines() == [
+        f"Fashion-MNIST files missing from {raw}",
+        "put there, each .gz or unpacked: " + " ".join(SHA256),
+        "or point NORMLAB_DATA (or data.root) at a folder holding FashionMNIST/raw",
+    ]
+
+
+def test_a_failed_download_is_one_clause_of_the_three_lines(tmp_path, monkeypatch):
+    from normlab.data import fashion_mnist
+
+    def offline(root, train, download):  # torchvision's message: three lines, a URL, <...>
+        raise RuntimeError(
+            "Error downloading train-images-idx3-ubyte.gz:\nTried http://mirror/, got:\n"
+            "<urlopen error [Errno -2] Name or service not known>\n"
+        )
+
+    monkeypatch.setattr(fashion_mnist, "FashionMNIST", offline)
+    with pytest.raises(DataError) as err:
+        FashionMNISTDataModule(root=str(tmp_path)).prepare_data()
+    lines = str(err.value).splitlines()
+    assert len(lines) == 3 and "http" not in lines[0]
+    assert lines[0].endswith("(download failed: [Errno -2] Name or service not known)")
+
+
+@pytest.mark.parametrize("download", [True, False])
+def test_missing_shakespeare_is_three_short_lines(download, tmp_path, monkeypatch):
+    def offline(url, path, timeout=30.0):
+        raise OSError("<urlopen error [Errno -2] Name or service not known>")
+
+    monkeypatch.setattr(shakespeare, "download", offline)
+    data = shakespeare.ShakespeareDataModule(root=str(tmp_path), download=download, batch_size=8)
+    with pytest.raises(DataError) as err:
+        data.prepare_data()
+        data.setup("fit")
+    lines = str(err.value).splitlines()
+    assert len(lines) == 3 and lines[1].startswith("put input.txt there, from https://")
+    assert lines[0].startswith(f"tiny Shakespeare missing: no {tmp_path}")
+    assert ("download failed: [Errno -2] Name or service not known" in lines[0]) == download
 
 
 def test_a_truncated_gz_fails_with_one_line_and_unpacks_nothing(data_root, tmp_path, no_download):

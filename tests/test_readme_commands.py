@@ -104,7 +104,7 @@ def block_commands(lines: list[str]) -> list[tuple[str, str | None]]:
             i += 1
         line = line.split("  #")[0].split(" # ")[0].strip()
         error = None
-        if i < len(lines) and lines[i].startswith("error:"):  # the block shows it failing
+        if i < len(lines) and lines[i].startswith(("error:", "did you mean")):  # it fails
             error = " ".join(lines[i:])
         found.append((line, error))
     return found
@@ -229,3 +229,26 @@ def test_readme_python_example_runs():
     x = torch.randn(2, 3, 8, 8)
     torch.testing.assert_close(scope["folded"](x), model.eval()(x), rtol=1e-4, atol=1e-5)
     assert "groupnorm" in scope["available_norms"]()
+
+
+def test_the_readme_tensorboard_command_finds_the_runs_events(tmp_path):
+    """`tensorboard --logdir X` as the README shows it, run from the repository root, finds the
+    events of a run with logger=[csv,tensorboard] in its default run dir (the output root moved
+    into tmp_path; tensorboard --inspect reads them as the server would)."""
+    from omegaconf import OmegaConf
+
+    (logdir,) = re.findall(r"^tensorboard --logdir (\S+)", README.read_text(), flags=re.M)
+    root = OmegaConf.load(REPO / "conf" / "paths" / "default.yaml").output_root
+    assert Path(logdir).parts[0] == root  # so tmp_path/<logdir> stands for it
+    argv = [sys.executable, "train.py", "logger=[csv,tensorboard]", *SHRINK["lenet"],
+            "progress=none", f"paths.output_root={tmp_path / root}"]  # fmt: skip
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tensorboard = shutil.which("tensorboard")
+    assert tensorboard, "tensorboard is installed with normlab ([dev] pulls it)"
+    inspect = subprocess.run(
+        [tensorboard, "--inspect", "--logdir", str(tmp_path / logdir)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    found = inspect.stdout + inspect.stderr
+    assert "Found event files in:" in found and f"{tmp_path / root}/runs/" in found, found

@@ -120,6 +120,29 @@ def test_a_second_run_in_a_locked_dir_fails_at_once_naming_the_holder(tmp_path):
     assert line == "error: batch must be a positive integer, got 0"
 
 
+@pytest.mark.parametrize(
+    "args",
+    [["batch=0"], ["norm=batchnorm", "batch=1"]],  # before torch loads; in the preflight
+    ids=["config", "preflight"],
+)
+def test_a_run_that_fails_before_training_leaves_no_run_dir(args, tmp_path):
+    run_dir = tmp_path / "runs" / "day" / "run"
+    error_line(train(run_dir, *args))
+    assert not (tmp_path / "runs").exists()  # the run dir and the parents it made
+
+
+def test_missing_data_is_three_short_lines_and_leaves_no_run_dir(tmp_path):
+    empty = tmp_path / "data"
+    empty.mkdir()
+    proc = train(tmp_path / "run", f"data.root={empty}", "data.download=false")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()[-3:]
+    assert lines[0] == f"error: Fashion-MNIST files missing from {empty}/FashionMNIST/raw"
+    assert lines[1].startswith("put there, each .gz or unpacked: train-images-idx3-ubyte ")
+    assert lines[2].startswith("or point NORMLAB_DATA (or data.root) at a folder")
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_resume_that_does_not_match_the_checkpoint_fails_and_changes_nothing(finished, tmp_path):
     run_dir = Path(shutil.copytree(finished, tmp_path / "run"))
     before = files(run_dir)
@@ -250,6 +273,7 @@ def test_an_interrupted_run_says_where_it_is_and_how_to_continue(tmp_path, sig):
     assert proc.returncode == 128 + signal.Signals[sig], proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr
     where, command = proc.stderr.strip().splitlines()[-2:]
+    assert proc.stderr.count("continue with:") == 1  # one hint per interruption
     assert where == f"interrupted ({sig}): run dir {run_dir}, resumable from checkpoints/last.ckpt"
     argv = shlex.split(command.removeprefix("continue with: "))
     assert argv[:2] == ["python", "train.py"] and command.startswith("continue with: ")

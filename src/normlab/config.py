@@ -215,6 +215,10 @@ def validate(cfg: DictConfig) -> None:
     progress = cfg.get("progress")
     if progress not in PROGRESS:
         raise ConfigError(f"progress must be one of {', '.join(PROGRESS)}, got {progress!r}")
+    every = cfg.get("progress_every")
+    if every is not None and (isinstance(every, bool) or not isinstance(every, int | float)
+                              or not every > 0):  # fmt: skip
+        raise ConfigError(f"progress_every must be a positive number of seconds, got {every!r}")
     _positive_int(cfg, "trainer.devices")
     _positive_int(cfg, "data.ctx")
     ctx, model_ctx = (OmegaConf.select(cfg, key) for key in ("data.ctx", "model.net.ctx"))

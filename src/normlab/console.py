@@ -1,4 +1,5 @@
-"""What a run prints: each log line once, and no third-party tips or deprecation noise.
+"""What a run prints: each log line once, and no third-party tips, inventories or deprecation
+noise.
 
 Lightning gives its `lightning` logger a console handler of its own ("INFO: ...") and also lets
 its records propagate to the root logger, where Hydra's job logging prints them again (and
@@ -13,8 +14,20 @@ import warnings
 
 # loggers that may carry a console handler of Lightning's own
 LIGHTNING_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric")
-# (logger, text in the message) of INFO lines that are advertisements, not about the run
-DROPPED_LINES = (("lightning.pytorch.utilities.rank_zero", "litlogger"),)
+RANK_ZERO = "lightning.pytorch.utilities.rank_zero"  # the logger of Lightning's INFO lines
+# (logger, text in the message) of lines that are advertisements or say nothing the run's
+# config does not: Lightning's accelerator inventory (trainer.accelerator says what is used),
+# MLflow's note that it creates the experiment of the first run in a store
+DROPPED_LINES = (
+    (RANK_ZERO, "litlogger"),
+    (RANK_ZERO, "GPU available: "),
+    (RANK_ZERO, "TPU available: "),
+    (RANK_ZERO, "HPU available: "),
+    ("lightning.pytorch.loggers.mlflow", "not found. Creating it."),
+)
+# loggers whose INFO lines are another library's internals: Optuna's sqlite storage sets up
+# alembic ("setup plugin alembic...", "Context impl SQLiteImpl."), 7 lines per search
+QUIET_LOGGERS = ("alembic",)
 # (message regex, category) of warnings about third-party internals the user cannot act on
 IGNORED_WARNINGS = (
     # Lightning's own _pytree helper builds torch's deprecated LeafSpec on every fit
@@ -33,8 +46,15 @@ class DropLines(logging.Filter):
         return self.text not in record.getMessage()
 
 
+def quiet() -> None:
+    """Only warnings from QUIET_LOGGERS (call before they log: train.py does at import)."""
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def configure() -> None:
     """Print each Lightning log line once and drop known noise (safe to call repeatedly)."""
+    quiet()
     if logging.getLogger().hasHandlers():  # Hydra's job logging (console + file), or pytest's
         for name in LIGHTNING_LOGGERS:
             logger = logging.getLogger(name)

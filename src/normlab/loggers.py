@@ -242,7 +242,7 @@ def wandb_logger(
     run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(4)
     id_file.parent.mkdir(parents=True, exist_ok=True)
     id_file.write_text(run_id)
-    return WandbLogger(
+    logger = WandbLogger(
         project=project,
         save_dir=save_dir,
         name=kwargs.pop("name", None) or run_name(),
@@ -254,6 +254,10 @@ def wandb_logger(
         resume="allow",
         **kwargs,
     )
+    # Lightning passes anonymous=None to wandb.init, and wandb warns on every run that "The
+    # anonymous setting has no effect": a warning nobody can act on (normlab.console)
+    logger._wandb_init.pop("anonymous", None)
+    return logger
 
 
 def mlflow_logger(

@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from normlab import config, console, loggers
 from normlab.callbacks.checkpoint import EpochMeansInCheckpoint
 from normlab.callbacks.last_step import ValidateLastStep
-from normlab.callbacks.progress import EpochProgress
+from normlab.callbacks.progress import EpochProgress, RunEstimate, StepProgress
 from normlab.compute import keep_heap
 from normlab.errors import ConfigError
 from normlab.preflight import preflight
@@ -125,7 +125,7 @@ def build_task(cfg: DictConfig) -> tuple[int, pl.LightningDataModule, pl.Lightni
 def build_callbacks(cfg: DictConfig, resolved: dict[str, Any] | None = None) -> list[pl.Callback]:
     """The config (`resolved`, cfg resolved when the caller has it) and the training epoch's
     running means in every checkpoint, a validation at a last step inside an epoch,
-    cfg.callbacks (a null entry dropped), the epoch lines."""
+    cfg.callbacks (a null entry dropped), the estimate, step and epoch lines (progress)."""
     if resolved is None:
         resolved = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
     callbacks: list[pl.Callback] = [
@@ -140,8 +140,10 @@ def build_callbacks(cfg: DictConfig, resolved: dict[str, Any] | None = None) -> 
             callbacks.append(instantiate(cb_cfg))
         except Exception as err:  # instantiate wraps the cause; name the config key
             raise ConfigError(f"callbacks.{name}: {err}") from err
+    if cfg.get("progress") in ("epoch", "bar"):
+        callbacks.append(RunEstimate(own_threads=not cfg.get("num_threads")))
     if cfg.get("progress") == "epoch":
-        callbacks.append(EpochProgress())
+        callbacks += [StepProgress(float(cfg.get("progress_every") or 30)), EpochProgress()]
     return callbacks
 
 

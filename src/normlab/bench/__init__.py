@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -106,9 +107,12 @@ def main(argv: list[str] | None = None) -> None:
     print(setting)
     out = args.out or (OUT / "keep_heap" if args.keep_heap else OUT)  # default: by heap setting
 
+    saved: list[str] = []  # the parts whose tables are written
+
     def report(part: str, title: str, rows: list[dict], cols: list[str], note: str = "") -> None:
         """Print the table; write <out>/<part>.csv and <part>.md (with the command, setting and
         note)."""
+        saved.append(part)
         write_csv(rows, out / f"{part}.csv")
         table = markdown_table(cols, ([r.get(c, "") for c in cols] for r in rows))
         print(f"\n## {title}\n\n{table}")
@@ -116,9 +120,36 @@ def main(argv: list[str] | None = None) -> None:
         command = " ".join(["python scripts/bench.py", *given])
         (out / f"{part}.md").write_text(f"# {title}\n\n`{command}`: {setting}{note}\n\n{table}\n")
 
-    if args.part in ("norms", "all"):
-        report("norms", norms.TITLE, norms.bench(args.rounds or norms.ROUNDS), norms.COLUMNS)
-    if args.part in ("train", "all"):
-        rows = train.bench(args.rounds or train.ROUNDS, args.train_cases)
-        report("train", train.TITLE, rows, train.COLUMNS, train.HEAP_NOTE)
+    try:
+        if args.part in ("norms", "all"):
+            report("norms", norms.TITLE, norms.bench(args.rounds or norms.ROUNDS), norms.COLUMNS)
+        if args.part in ("train", "all"):
+            rows = train.bench(args.rounds or train.ROUNDS, args.train_cases)
+            report("train", train.TITLE, rows, train.COLUMNS, train.HEAP_NOTE)
+    except BaseException as err:  # Ctrl+C (Lightning turns one inside fit into sys.exit(1))
+        from normlab.loggers import killed_by
+
+        signum = killed_by(err)
+        if not signum:
+            raise
+        given = argv if argv is not None else sys.argv[1:]
+        print(interrupted(signum, args.part, saved, out, given), file=sys.stderr)
+        raise SystemExit(128 + signum) from None
     print(f"\nCSV and markdown in {out}")
+
+
+def interrupted(signum: int, part: str, saved: list[str], out: Path, given: list[str]) -> str:
+    """Two lines for a bench ended by a signal: what it saved (each part's tables are written
+    when the part ends), and the command that runs what is left (the parts not saved, with the
+    same options)."""
+    import signal
+
+    name = signal.Signals(signum).name
+    if saved:
+        wrote = "saved " + ", ".join(f"{out / p}.csv and {p}.md" for p in saved)
+    else:
+        wrote = "nothing saved yet (a part's tables are written when the part ends)"
+    left = "train" if part == "all" and "norms" in saved else part
+    options = [a for a in given if a not in ("norms", "train", "all")]
+    command = shlex.join(["python", "scripts/bench.py", left, *options])
+    return f"interrupted ({name}): {wrote}\ncontinue with: {command}"

@@ -15,7 +15,7 @@ import torch
 from torchvision.datasets import FashionMNIST
 from torchvision.datasets.mnist import read_image_file, read_label_file
 
-from normlab.data.integrity import cache_dir, gunzip, verify
+from normlab.data.integrity import cache_dir, clause, gunzip, verify
 from normlab.data.tensor_loader import TensorLoader
 from normlab.errors import DataError
 
@@ -97,6 +97,16 @@ class FashionMNISTDataModule(pl.LightningDataModule):
             "FashionMNIST/raw), or run once with network access to download them."
         )
 
+    def _missing(self, absent: list[str], failed: str | None = None) -> str:
+        """Three short lines: which files are missing where (and why the download failed, in
+        one clause), the names to put there, and the other way to point at them."""
+        why = f" (download failed: {failed})" if failed else ""
+        return (
+            f"Fashion-MNIST files missing from {self.raw_dir}{why}\n"
+            f"put there, each .gz or unpacked: {' '.join(absent)}\n"
+            "or point NORMLAB_DATA (or data.root) at a folder holding FashionMNIST/raw"
+        )
+
     def _absent(self) -> list[str]:
         """The files found in raw/ neither unpacked nor as .gz."""
         raw = self.raw_dir
@@ -109,18 +119,16 @@ class FashionMNISTDataModule(pl.LightningDataModule):
         if self._paths:
             return
         absent = self._absent()
-        if absent and self.download:
-            self._download(absent)
+        failed = self._download(absent) if absent and self.download else None
+        if failed is not None:
+            raise DataError(self._missing(self._absent(), failed))
         self._paths = self._verified()
 
     def _verified(self) -> dict[str, Path]:
         """name -> the unpacked file to read, each checked against SHA256 (DataError if not)."""
         absent = self._absent()
         if absent:
-            raise DataError(
-                f"Fashion-MNIST files missing from {self.raw_dir} (neither .gz nor unpacked): "
-                f"{', '.join(absent)}. {self._hint()}"
-            )
+            raise DataError(self._missing(absent))
         return {name: self._unpacked(name) for name in SHA256}
 
     def _unpacked(self, name: str) -> Path:
@@ -160,27 +168,21 @@ class FashionMNISTDataModule(pl.LightningDataModule):
         lines = "".join(f"{name} {SHA256[name]}\n" for name in sorted(SHA256))
         return hashlib.sha256(lines.encode()).hexdigest()
 
-    def _download(self, missing: list[str]) -> None:
+    def _download(self, missing: list[str]) -> str | None:
         """Download into a temp dir beside raw/, then move each file in with one rename, so a
-        half-written download is never where the reader looks."""
+        half-written download is never where the reader looks. None when done, else why not
+        (one clause: torchvision's last line, e.g. `Name or service not known`)."""
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=self.root, prefix=".download-") as tmp:
-                try:
-                    for train in (True, False):
-                        FashionMNIST(tmp, train=train, download=True)
-                except Exception as err:  # offline, mirror down, disk full...
-                    raise DataError(
-                        f"Fashion-MNIST download into {self.raw_dir} failed ({err}). "
-                        + self._hint()
-                    ) from None
+                for train in (True, False):
+                    FashionMNIST(tmp, train=train, download=True)
                 self.raw_dir.mkdir(parents=True, exist_ok=True)
                 for name in missing:
                     os.replace(Path(tmp) / "FashionMNIST" / "raw" / name, self.raw_dir / name)
-        except OSError as err:  # root not writable
-            raise DataError(
-                f"Fashion-MNIST download into {self.raw_dir} failed ({err}). " + self._hint()
-            ) from None
+        except Exception as err:  # offline, mirror down, disk full, root not writable...
+            return clause(err)
+        return None
 
     def _read(self, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
         split = "train" if train else "t10k"

@@ -73,3 +73,11 @@ def gunzip(src: Path, dst: Path, expected: str) -> None:
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def clause(err: BaseException) -> str:
+    """An error as one clause: the last line of its message, without urllib's <...>
+    (`urlopen error [Errno -2] Name or service not known`)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    text = (lines[-1] if lines else type(err).__name__).strip("<>")
+    return text.removeprefix("urlopen error ")

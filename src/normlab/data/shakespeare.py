@@ -12,6 +12,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 
+from normlab.data.integrity import clause
 from normlab.errors import ConfigError, DataError
 
 URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -146,17 +147,16 @@ class ShakespeareDataModule(pl.LightningDataModule):
             download(self.url, self.path)
         except (OSError, DataError) as err:
             raise DataError(
-                f"tiny Shakespeare is missing at {self.path} and the download failed ({err}). "
-                "Put input.txt there (or set NORMLAB_DATA / data.root to the folder holding "
-                "tinyshakespeare/input.txt)."
+                f"tiny Shakespeare missing: no {self.path} (download failed: {clause(err)})\n"
+                f"put input.txt there, from {self.url}\n"
+                "or point NORMLAB_DATA (or data.root) at a folder holding tinyshakespeare/"
             ) from None
 
     def _read(self) -> str:
         if not self.path.exists():
             raise DataError(
-                f"tiny Shakespeare is missing: no file {self.path}. Put input.txt from {self.url} "
-                "there (or set NORMLAB_DATA / data.root to the folder holding "
-                "tinyshakespeare/input.txt)."
+                f"tiny Shakespeare missing: no {self.path}\nput input.txt there, from {self.url}"
+                "\nor point NORMLAB_DATA (or data.root) at a folder holding tinyshakespeare/"
             )
         # Hashed on every read (about 1 ms), from the very bytes that are then decoded.
         payload = self.path.read_bytes()

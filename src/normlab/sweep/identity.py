@@ -24,7 +24,7 @@ SRC = Path(normlab.__file__).resolve().parent
 NOT_TRAINING_CODE = ("analysis", "sweep")
 # Keys that say where a job writes or reads, how it was started, what it shows while it runs
 # or where its memory comes from, not what it computes.
-NOT_IDENTITY = ("paths", "ckpt_path", "overwrite", "progress", "keep_heap")
+NOT_IDENTITY = ("paths", "ckpt_path", "overwrite", "progress", "progress_every", "keep_heap")
 
 
 def _digest(text: str | bytes) -> str:

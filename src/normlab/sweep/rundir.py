@@ -4,7 +4,8 @@
 killed holder leaves no stale lock); a second run fails at once, naming the holder. A single
 run's `Guard` is taken by the Hydra callback normlab.sweep.callbacks.RunDirGuard before Hydra
 writes the run dir: it keeps the files Hydra overwrites (`.hydra/*.yaml`) and the length of its
-log, so a run that fails before it starts leaves the dir as it found it (`restore`), and
+log, so a run that fails before it starts leaves the dir as it found it (`restore`: a dir it
+made is removed), and
 `overwrite=true` moves an earlier run aside whole (`move_aside`). Standard library only: the
 callback runs before torch loads.
 """
@@ -16,6 +17,7 @@ import errno
 import fcntl
 import logging
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -102,6 +104,9 @@ class Guard:
 
     def __init__(self, run_dir: Path, hydra_subdir: str | None):
         self.run_dir = run_dir
+        # the dirs this run makes (the run dir, and its parents not there yet): removed again
+        # when it fails before it starts
+        self.created = [d for d in (run_dir, *run_dir.parents) if not d.exists()]
         self.fd: int | None = lock(run_dir)
         self.hydra_dir = run_dir / hydra_subdir if hydra_subdir else None
         self.files = {}  # Hydra's files as they were: path -> bytes
@@ -155,7 +160,16 @@ class Guard:
         return dest
 
     def restore(self) -> None:
-        """Put back Hydra's files and cut the log to its earlier length."""
+        """Put back Hydra's files and cut the log to its earlier length; a run dir this run
+        made is removed, with the parents it made when they are empty."""
+        if self.created:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            for folder in self.created[1:]:
+                try:
+                    folder.rmdir()
+                except OSError:  # another run's dir is in it now
+                    break
+            return
         for path, data in self.files.items():
             if not path.is_file() or path.read_bytes() != data:
                 path.write_bytes(data)
