@@ -132,3 +132,16 @@ def test_a_quick_card_of_my_norm_runs_resumes_and_says_it_is_a_smoke_run(tmp_pat
     jobs = pd.read_csv(tmp_path / "outputs" / "figures" / "quick" / "bn_lenet+meanonly" /
                        "jobs.csv")  # fmt: skip
     assert (jobs["reused"] == 1).all()  # resumed: every job found finished
+
+
+def test_the_committed_cards_and_leaderboard_are_the_evidence_read_again(tmp_path):
+    """outputs/cards/NORM.csv and docs/cards.md are what the committed evidence gives now: a
+    reproduction's new seeds must be followed by `card --norm NORM` and `card --leaderboard`."""
+    rc = _script("report_card")
+    slots = card.slots(CONF)
+    for path in sorted((REPO / "outputs" / "cards").glob("*.csv")):
+        norm = path.stem
+        rc.write(norm, slots, {s.title: s.applicable(norm) for s in slots}, False, tmp_path)
+        again = tmp_path / "outputs" / "cards" / f"{norm}.csv"
+        assert again.read_text() == path.read_text(), f"{norm}: rerun card --norm {norm}"
+    assert rc.leaderboard(tmp_path).read_text() == (REPO / "docs" / "cards.md").read_text()
