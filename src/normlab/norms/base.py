@@ -121,7 +121,11 @@ class Norm(nn.Module):
     """Base of every normlab norm: checks `impl` and the layout, binds the impl's method once
     (`_fast`, `_reference`, `_manual`: forward calls it on an input in the family's own
     layout), owns the affine; holds the defaults of the traits a family declares (read by
-    `norm_traits`)."""
+    `norm_traits`).
+
+    Every family takes torch.nn's factory keywords `device=None, dtype=None` (its parameters
+    and buffers are created with them; integer counters keep their dtype), so a normlab class
+    is a `norm_layer` for timm's and torchvision's models, which pass them."""
 
     family: ClassVar[str] = "norm"
     impls: ClassVar[tuple[str, ...]] = ("fast", "reference")
@@ -178,10 +182,23 @@ class Norm(nn.Module):
     def _manual(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def _init_affine(self, shape: tuple[int, ...], weight: bool, bias: bool) -> None:
-        """Register `weight` (ones) and `bias` (zeros) of `shape`, or None when switched off."""
-        self.register_parameter("weight", nn.Parameter(torch.ones(shape)) if weight else None)
-        self.register_parameter("bias", nn.Parameter(torch.zeros(shape)) if bias else None)
+    def _init_affine(
+        self,
+        shape: tuple[int, ...],
+        weight: bool,
+        bias: bool,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        """Register `weight` (ones) and `bias` (zeros) of `shape`, or None when switched off,
+        created on `device` with `dtype` (torch.nn's factory keywords; None: torch's defaults)."""
+        factory = {"device": device, "dtype": dtype}
+        self.register_parameter(
+            "weight", nn.Parameter(torch.ones(shape, **factory)) if weight else None
+        )
+        self.register_parameter(
+            "bias", nn.Parameter(torch.zeros(shape, **factory)) if bias else None
+        )
 
     def reset_parameters(self) -> None:
         """Set the weight to ones and the bias to zeros (the identity affine map)."""

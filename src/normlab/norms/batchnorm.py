@@ -101,7 +101,7 @@ class BatchNormFunction(torch.autograd.Function):
         )
 
 
-@register_norm("batchnorm", aliases=("bn",))
+@register_norm("batchnorm", aliases=("bn", "batchnorm1d", "batchnorm2d"))  # + timm's names
 class BatchNorm(RunningStatsNorm):
     """Batch normalization over (N, C), (N, C, L) or (N, C, H, W): statistics over all but C.
 
@@ -128,9 +128,20 @@ class BatchNorm(RunningStatsNorm):
         *,
         bias: bool = True,
         channel_dim: int = 1,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(
-            num_features, eps, momentum, affine, track_running_stats, impl, channel_dim, bias=bias
+            num_features,
+            eps,
+            momentum,
+            affine,
+            track_running_stats,
+            impl,
+            channel_dim,
+            bias=bias,
+            device=device,
+            dtype=dtype,
         )
         self.sync = bool(sync)
         if ghost_batch is not None:

@@ -65,13 +65,17 @@ class LayerNorm(Norm):
         impl: str = "fast",
         *,
         channel_dim: int = -1,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(impl, channel_dim)
         self.normalized_shape = trailing_shape(self.family, num_features, normalized_shape)
         check_one_feature_dim(self)
         self.eps = check_eps(self.family, eps)
         self.elementwise_affine = elementwise_affine
-        self._init_affine(self.normalized_shape, elementwise_affine, elementwise_affine and bias)
+        self._init_affine(
+            self.normalized_shape, elementwise_affine, elementwise_affine and bias, device, dtype
+        )
 
     def extra_repr(self) -> str:
         return (

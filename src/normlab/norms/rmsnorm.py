@@ -148,13 +148,15 @@ class RMSNorm(Norm):
         impl: str = "fast",
         *,
         channel_dim: int = -1,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(impl, channel_dim)
         self.normalized_shape = trailing_shape(self.family, num_features, normalized_shape)
         check_one_feature_dim(self)
         self.eps = check_eps(self.family, eps, allow_none=True)
         self.elementwise_affine = elementwise_affine
-        self._init_affine(self.normalized_shape, elementwise_affine, bias=False)
+        self._init_affine(self.normalized_shape, elementwise_affine, False, device, dtype)
         self.num_stat_features = math.prod(self.normalized_shape)  # k: features in the rms
 
     def extra_repr(self) -> str:
@@ -242,8 +244,18 @@ class PRMSNorm(RMSNorm):
         impl: str = "fast",
         *,
         channel_dim: int = -1,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__(num_features, eps, elementwise_affine, impl=impl, channel_dim=channel_dim)
+        super().__init__(
+            num_features,
+            eps,
+            elementwise_affine,
+            impl=impl,
+            channel_dim=channel_dim,
+            device=device,
+            dtype=dtype,
+        )
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
             raise NormConfigError(f"prmsnorm: p must be in (0, 1], got {p!r}")
         self.p = float(p)
