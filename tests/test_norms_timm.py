@@ -9,7 +9,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from normlab.norms import BatchNorm, LayerNorm, RMSNorm, available_norms, create_norm
+from normlab.norms import (
+    BatchNorm,
+    LayerNorm,
+    LayerNorm2d,
+    RMSNorm,
+    available_norms,
+    create_norm,
+)
 
 timm = pytest.importorskip("timm")
 
@@ -137,3 +144,35 @@ def test_timm_attention_qk_norm_takes_normlab_rmsnorm():
     assert isinstance(attn.q_norm, RMSNorm) and attn.q_norm.normalized_shape == (8,)
     q = torch.randn(1, 2, 3, 8)
     torch.testing.assert_close(attn.q_norm(q), F.rms_norm(q, (8,)))
+
+
+@pytest.mark.parametrize(
+    ("name", "theirs"), [("layernorm2d", "LayerNorm2d"), ("rmsnorm2d", "RmsNorm2d")]
+)
+@pytest.mark.parametrize("impl", ["fast", "reference", "manual"])
+def test_timm_s_2d_norms_by_name_equal_timm_s(name, theirs, impl):
+    """Each position of (N, C, H, W) over its C channels, as timm's layer of that name (not
+    each sample over (C, H, W), as layernorm/rmsnorm with channel_dim=1)."""
+    ref = getattr(timm.layers, theirs)(8)
+    _perturb(ref)
+    norm = create_norm(name, 8, impl=impl)
+    norm.load_state_dict(ref.state_dict())
+    x = (torch.randn(2, 8, 5, 5) * 3 + 1).requires_grad_()
+    _assert_same(ref, norm, x, f"{name} impl={impl}")
+    (norm(x) * x).sum().backward()
+    ours = x.grad.clone()
+    x.grad = None
+    (ref(x) * x).sum().backward()
+    torch.testing.assert_close(ours, x.grad, msg=f"{name} impl={impl} dx")
+    flat = create_norm(name.removesuffix("2d"), 8, channel_dim=1, impl=impl)
+    with torch.no_grad():
+        assert not torch.allclose(flat(x), norm(x), atol=1e-3)  # a different layer
+
+
+def test_timm_convnext_with_normlab_layernorm2d_equals_timm_s():
+    def build(norm):
+        return timm.create_model("convnext_atto", num_classes=10, conv_mlp=True, norm_layer=norm)
+
+    ref, model = _twin(build, LayerNorm2d, timm.layers.LayerNorm2d)
+    assert sum(isinstance(m, LayerNorm2d) for m in model.modules()) > 10
+    _assert_same(ref.eval(), model.eval(), torch.randn(2, 3, 32, 32), "convnext_atto LayerNorm2d")
