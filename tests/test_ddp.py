@@ -38,7 +38,7 @@ def test_two_process_ddp_run_writes_one_run_dir_and_syncs_batchnorm(tmp_path):
     (dumps / "ddp_dump.py").write_text(textwrap.dedent(DUMP_CALLBACK))
     env = {**os.environ, "PYTHONPATH": f"{dumps}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     args = [
-        "trainer=ddp",
+        "trainer=ddp_cpu",
         "trainer.devices=2",
         "norm.sync=true",
         "batch=16",

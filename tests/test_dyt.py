@@ -166,6 +166,8 @@ def test_create_norm_names_and_alpha0():
         "bias",
         "impl",
         "channel_dim",
+        "device",
+        "dtype",
     ]
 
 

@@ -42,9 +42,11 @@ def test_available_norms_sorted():
         "groupnorm",
         "instancenorm",
         "layernorm",
+        "layernorm2d",
         "none",
         "prmsnorm",
         "rmsnorm",
+        "rmsnorm2d",
     ]
     assert available_norms() == expected
 
@@ -187,7 +189,10 @@ def test_every_norm_takes_impl_and_only_batchnorm_takes_sync():
 
 
 # the families with a hand-written backward take impl="manual"; the others refuse it in one line
-WITH_MANUAL = ["batchnorm", "dyt", "groupnorm", "instancenorm", "layernorm", "prmsnorm", "rmsnorm"]
+WITH_MANUAL = [
+    "batchnorm", "dyt", "groupnorm", "instancenorm", "layernorm", "layernorm2d", "prmsnorm",
+    "rmsnorm", "rmsnorm2d",
+]  # fmt: skip
 
 
 def test_manual_impl_where_a_hand_written_backward_exists():

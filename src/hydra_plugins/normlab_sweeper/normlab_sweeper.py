@@ -7,8 +7,10 @@ keeps the configs the check composed and hands each to the launcher once, so a m
 each job once. Everything else is the basic sweeper's: the same jobs in the same order, the same
 `hydra.sweeper.params`, the same early failure.
 
-It is registered as `hydra/sweeper: basic`, the sweeper Hydra selects by default, so every
-multirun of train.py uses it; another sweeper (hydra/sweeper=optuna) replaces it as before. A
+It is registered under its own name, `hydra/sweeper: normlab`, and normlab's conf chooses it
+(conf/hydra/default.yaml), so every multirun of train.py uses it while any other Hydra app in the
+same environment keeps Hydra's own basic sweeper; another sweeper (hydra/sweeper=optuna)
+replaces it as before. A
 launcher that composes in other processes (joblib, submitit) cannot use configs composed here:
 under it the check is the basic sweeper's (composed, then dropped), and its workers get the plain
 config loader.
@@ -84,5 +86,5 @@ class ComposeOnceSweeperConf(BasicSweeperConf):
 
 
 ConfigStore.instance().store(
-    group="hydra/sweeper", name="basic", node=ComposeOnceSweeperConf, provider="normlab"
+    group="hydra/sweeper", name="normlab", node=ComposeOnceSweeperConf, provider="normlab"
 )

@@ -152,8 +152,8 @@ class CrossAttention(nn.Module):
 
 def attention(dim: int, num_heads: int, qk_norm_layer: NormLayer | None) -> Attention:
     """timm's self-attention (DiT's); with qk_norm_layer, QK-norm of each head's q and k."""
-    qk = None if qk_norm_layer is None else (lambda d, **_: qk_norm_layer(d))  # timm: device=
-    return Attention(dim, num_heads=num_heads, qkv_bias=True, qk_norm=qk is not None, norm_layer=qk)
+    qk = qk_norm_layer is not None  # called as timm calls it: (head_dim, device=, dtype=)
+    return Attention(dim, num_heads=num_heads, qkv_bias=True, qk_norm=qk, norm_layer=qk_norm_layer)
 
 
 def mlp(dim: int, mlp_ratio: float) -> Mlp:

@@ -13,7 +13,7 @@ from normlab.norms.dyt import DyT, DyTFunction
 from normlab.norms.fold import fold_batchnorm
 from normlab.norms.groupnorm import GroupNorm
 from normlab.norms.instancenorm import InstanceNorm
-from normlab.norms.layernorm import LayerNorm
+from normlab.norms.layernorm import LayerNorm, LayerNorm2d
 from normlab.norms.nonorm import NoNorm
 from normlab.norms.registry import (
     NormTraits,
@@ -28,7 +28,7 @@ from normlab.norms.registry import (
     norms_with,
     register_norm,
 )
-from normlab.norms.rmsnorm import PRMSNorm, RMSNorm, RMSNormFunction
+from normlab.norms.rmsnorm import PRMSNorm, RMSNorm, RMSNorm2d, RMSNormFunction
 
 __all__ = [
     "BatchNorm",
@@ -39,12 +39,14 @@ __all__ = [
     "GroupNorm",
     "InstanceNorm",
     "LayerNorm",
+    "LayerNorm2d",
     "NoNorm",
     "Norm",
     "NormConfigError",
     "NormTraits",
     "PRMSNorm",
     "RMSNorm",
+    "RMSNorm2d",
     "RMSNormFunction",
     "available_norms",
     "build_norm",

@@ -66,7 +66,12 @@ class AdaptiveNorm(nn.Module):
         gated: bool = False,
         zero_init: bool = False,
         norm_affine: bool = False,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
+        """`device`, `dtype`: torch.nn's factory keywords, for the regression and the norm (built,
+        then moved and cast: the norm may be any callable)."""
         super().__init__()
         traits = None if norm_affine else norm_traits(norm)  # ADM: the norm keeps its affine
         if traits is not None and traits.affine_key is not None:  # DiT: the regressed shift and
@@ -81,6 +86,8 @@ class AdaptiveNorm(nn.Module):
             nn.Linear(cond_dim, self.num_chunks * num_features),
         )
         self.reset_parameters()
+        if device is not None or dtype is not None:
+            self.to(device=device, dtype=dtype)
 
     def reset_parameters(self) -> None:
         """Zero-init: shift = scale = gate = 0 for every c, so the layer starts as the plain norm
@@ -119,22 +126,48 @@ class AdaLN(AdaptiveNorm):
         cond_dim: int,
         norm: NormLayer = LayerNorm,
         zero_init: bool = False,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__(num_features, cond_dim, norm, dim=-1, zero_init=zero_init)
+        super().__init__(
+            num_features, cond_dim, norm, dim=-1, zero_init=zero_init, device=device, dtype=dtype
+        )
 
 
 class AdaLNZero(AdaptiveNorm):
     """adaLN-Zero: AdaLN plus a residual gate; zero-init regression: a block starts as identity."""
 
-    def __init__(self, num_features: int, cond_dim: int, norm: NormLayer = LayerNorm) -> None:
-        super().__init__(num_features, cond_dim, norm, dim=-1, gated=True, zero_init=True)
+    def __init__(
+        self,
+        num_features: int,
+        cond_dim: int,
+        norm: NormLayer = LayerNorm,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(
+            num_features, cond_dim, norm, dim=-1, gated=True, zero_init=True,
+            device=device, dtype=dtype,
+        )  # fmt: skip
 
 
 class FiLM(AdaptiveNorm):
     """FiLM: gamma(z) * x + beta(z) with linear gamma, beta; gamma = 1 + dgamma as in the paper."""
 
-    def __init__(self, num_features: int, cond_dim: int, dim: int = 1) -> None:
-        super().__init__(num_features, cond_dim, NoNorm, dim=dim, activation=False)
+    def __init__(
+        self,
+        num_features: int,
+        cond_dim: int,
+        dim: int = 1,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(
+            num_features, cond_dim, NoNorm, dim=dim, activation=False, device=device, dtype=dtype
+        )
 
 
 class ScaleShiftNorm(AdaptiveNorm):
@@ -152,9 +185,14 @@ class ScaleShiftNorm(AdaptiveNorm):
         cond_dim: int,
         num_groups: int = 32,
         eps: float = 1e-5,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         norm = functools.partial(GroupNorm, num_groups=num_groups, eps=eps)
-        super().__init__(num_channels, cond_dim, norm, dim=1, norm_affine=True)
+        super().__init__(
+            num_channels, cond_dim, norm, dim=1, norm_affine=True, device=device, dtype=dtype
+        )
 
     def forward(self, x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
         scale, shift = self.modulation(emb).chunk(2, dim=-1)  # (B, C) each, ADM's order

@@ -121,7 +121,11 @@ class Norm(nn.Module):
     """Base of every normlab norm: checks `impl` and the layout, binds the impl's method once
     (`_fast`, `_reference`, `_manual`: forward calls it on an input in the family's own
     layout), owns the affine; holds the defaults of the traits a family declares (read by
-    `norm_traits`)."""
+    `norm_traits`).
+
+    Every family takes torch.nn's factory keywords `device=None, dtype=None` (its parameters
+    and buffers are created with them; integer counters keep their dtype), so a normlab class
+    is a `norm_layer` for timm's and torchvision's models, which pass them."""
 
     family: ClassVar[str] = "norm"
     impls: ClassVar[tuple[str, ...]] = ("fast", "reference")
@@ -137,13 +141,17 @@ class Norm(nn.Module):
     affine_key: ClassVar[str | None] = None
     # takes `sync`: batch statistics over all processes
     syncable: ClassVar[bool] = False
+    # a (..., D) family whose channels-first layout (N, C, *spatial) is normalized at each
+    # position over its C channels (timm's LayerNorm2d), not each sample over (C, *spatial)
+    per_position: ClassVar[bool] = False
 
     def __init__(self, impl: str, channel_dim: int) -> None:
         """`channel_dim`: where the input's features are, 1 for (N, C, *spatial), -1 for
         (..., D) (a family's default is its own, `natural_channel_dim`). A (N, C, *) family given -1
         normalizes the last dim of (B, T, D) as its channels (B and T are its batch/positions);
         a (..., D) family given 1 normalizes each sample over (C, *spatial) with a per-channel
-        affine (the GN paper's LayerNorm for conv features)."""
+        affine (the GN paper's LayerNorm for conv features), or, declaring `per_position`, each
+        position over its C channels (C moved last around the impl)."""
         super().__init__()
         if impl not in self.impls:
             why = " (it has no hand-written backward)" if impl == "manual" else ""
@@ -158,13 +166,21 @@ class Norm(nn.Module):
         self.channel_dim = channel_dim
         # picked once here, called by forward: one frame between forward and torch's kernel
         self._impl_forward = getattr(self, f"_{impl}")
-        self._moves_channels = channel_dim == -1 and self.natural_channel_dim == 1
+        # (from, to): the dim moved so that the impl sees its own layout; None: none moved
+        self._move: tuple[int, int] | None = None
+        if self.per_position and channel_dim == 1:  # (N, C, *spatial): C last, per position
+            self._move = (1, -1)
+        elif not self.per_position and channel_dim == -1 and self.natural_channel_dim == 1:
+            self._move = (-1, 1)  # (..., D): D as the channels
+        # a (..., D) impl given (N, C, *spatial) as it is: each sample over (C, *spatial)
+        self._whole_sample = channel_dim == 1 and not self.per_position
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.movedim(-1, 1) if self._moves_channels else x  # (..., D): D as the channels
+        move = self._move
+        x = x if move is None else x.movedim(*move)
         self._check_input(x)
         y = self._impl_forward(x)
-        return y.movedim(1, -1) if self._moves_channels else y
+        return y if move is None else y.movedim(move[1], move[0])
 
     def _check_input(self, x: torch.Tensor) -> None:
         """Raise NormConfigError if this norm cannot normalise `x`."""
@@ -178,10 +194,23 @@ class Norm(nn.Module):
     def _manual(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def _init_affine(self, shape: tuple[int, ...], weight: bool, bias: bool) -> None:
-        """Register `weight` (ones) and `bias` (zeros) of `shape`, or None when switched off."""
-        self.register_parameter("weight", nn.Parameter(torch.ones(shape)) if weight else None)
-        self.register_parameter("bias", nn.Parameter(torch.zeros(shape)) if bias else None)
+    def _init_affine(
+        self,
+        shape: tuple[int, ...],
+        weight: bool,
+        bias: bool,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        """Register `weight` (ones) and `bias` (zeros) of `shape`, or None when switched off,
+        created on `device` with `dtype` (torch.nn's factory keywords; None: torch's defaults)."""
+        factory = {"device": device, "dtype": dtype}
+        self.register_parameter(
+            "weight", nn.Parameter(torch.ones(shape, **factory)) if weight else None
+        )
+        self.register_parameter(
+            "bias", nn.Parameter(torch.zeros(shape, **factory)) if bias else None
+        )
 
     def reset_parameters(self) -> None:
         """Set the weight to ones and the bias to zeros (the identity affine map)."""

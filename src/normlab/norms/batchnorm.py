@@ -21,6 +21,22 @@ def _world_size() -> int:
     return 1
 
 
+def _check_count(n: int | torch.Tensor, local: int, x: torch.Tensor) -> None:
+    """Raise NormConfigError unless the values per channel, `n` over all processes, exceed 1.
+
+    With more than one value here (`local`), the global count does too and is not read: the
+    host waits for the device only in the degenerate case of at most 1 local value per channel,
+    where the error needs the count of the other processes."""
+    if local > 1:
+        return
+    total = int(n)  # a host sync, on this edge case only
+    if total <= 1:
+        raise NormConfigError(
+            f"batchnorm in training needs more than 1 value per channel over all processes, "
+            f"got {total} (local input of shape {tuple(x.shape)})"
+        )
+
+
 class BatchNormFunction(torch.autograd.Function):
     """Batch norm with batch statistics and the BN paper's backward, summed over all processes.
 
@@ -30,6 +46,8 @@ class BatchNormFunction(torch.autograd.Function):
     Returns (y, mean, unbiased var); the statistics are for the running averages. For a
     float16/bfloat16 x, mean, invstd, xhat (saved for backward), the backward's sums and dx are
     float32 (`stats_dtype`), cast to x's dtype at the end; the statistics are returned in float32.
+    No host sync: the count over all processes stays a tensor (read only to report a batch of
+    at most one value per channel here, `_check_count`); the float64 sums stay on the device.
     """
 
     @staticmethod
@@ -39,16 +57,14 @@ class BatchNormFunction(torch.autograd.Function):
         # statistics over all but dim 1 (N and spatial), accumulated in float64 so that
         # var = E[x^2] - mean^2 does not cancel; one tensor so that one all-reduce suffices
         x64 = x.to(torch.float64)
-        count = torch.full((1,), x.numel() // c, dtype=torch.float64, device=x.device)
+        local = x.numel() // c
+        count = torch.full((1,), local, dtype=torch.float64, device=x.device)
         stats = torch.cat([x64.sum(dims), (x64 * x64).sum(dims), count])
+        n = local  # a number known on the host: no sync with the device
         if _world_size() > 1:
             dist.all_reduce(stats)
-        n = stats[-1].item()
-        if n <= 1:
-            raise NormConfigError(
-                f"batchnorm in training needs more than 1 value per channel over all processes, "
-                f"got {int(n)} (local input of shape {tuple(x.shape)})"
-            )
+            n = stats[-1]  # the global count, a tensor: used as one, never read on the host
+        _check_count(n, local, x)
         mean64 = stats[:c] / n
         var64 = (stats[c : 2 * c] / n - mean64 * mean64).clamp_min(0.0)  # biased
         acc = stats_dtype(x.dtype)
@@ -101,7 +117,7 @@ class BatchNormFunction(torch.autograd.Function):
         )
 
 
-@register_norm("batchnorm", aliases=("bn",))
+@register_norm("batchnorm", aliases=("bn", "batchnorm1d", "batchnorm2d"))  # + timm's names
 class BatchNorm(RunningStatsNorm):
     """Batch normalization over (N, C), (N, C, L) or (N, C, H, W): statistics over all but C.
 
@@ -128,9 +144,20 @@ class BatchNorm(RunningStatsNorm):
         *,
         bias: bool = True,
         channel_dim: int = 1,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(
-            num_features, eps, momentum, affine, track_running_stats, impl, channel_dim, bias=bias
+            num_features,
+            eps,
+            momentum,
+            affine,
+            track_running_stats,
+            impl,
+            channel_dim,
+            bias=bias,
+            device=device,
+            dtype=dtype,
         )
         self.sync = bool(sync)
         if ghost_batch is not None:

@@ -81,13 +81,25 @@ class BatchRenorm(RunningStatsNorm):
         impl: str = "fast",
         *,
         channel_dim: int = 1,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__(num_features, eps, momentum, affine, True, impl, channel_dim)
+        super().__init__(
+            num_features,
+            eps,
+            momentum,
+            affine,
+            True,
+            impl,
+            channel_dim,
+            device=device,
+            dtype=dtype,
+        )
         self.r_max = _check_number("r_max", r_max, 1.0)
         self.d_max = _check_number("d_max", d_max, 0.0)
         self.warmup_steps = _check_steps("warmup_steps", warmup_steps)
         self.relax_steps = _check_steps("relax_steps", relax_steps)
-        self.register_buffer("renorm_steps", torch.tensor(0, dtype=torch.long))
+        self.register_buffer("renorm_steps", torch.tensor(0, dtype=torch.long, device=device))
 
     def extra_repr(self) -> str:
         return super().extra_repr() + (

@@ -107,6 +107,8 @@ class DyT(Norm):
         impl: str = "fast",
         *,
         channel_dim: int = -1,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(impl, channel_dim)
         self.num_features = check_positive_int(self.family, "num_features", num_features)
@@ -121,8 +123,10 @@ class DyT(Norm):
             )
         self.alpha0 = float(alpha0)
         self.elementwise_affine = elementwise_affine
-        self.alpha = nn.Parameter(torch.full((1,), self.alpha0))
-        self._init_affine((num_features,), elementwise_affine, elementwise_affine and bias)
+        self.alpha = nn.Parameter(torch.full((1,), self.alpha0, device=device, dtype=dtype))
+        self._init_affine(
+            (num_features,), elementwise_affine, elementwise_affine and bias, device, dtype
+        )
 
     def reset_parameters(self) -> None:
         """alpha = alpha0, weight ones, bias zeros."""

@@ -42,6 +42,8 @@ class GroupNorm(Norm):
         *,
         bias: bool = True,
         channel_dim: int = 1,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(impl, channel_dim)
         self.num_features = check_positive_int(self.family, "num_features", num_features)
@@ -52,7 +54,7 @@ class GroupNorm(Norm):
             )
         self.eps = check_eps(self.family, eps)
         self.affine = affine
-        self._init_affine((num_features,), affine, affine and bias)
+        self._init_affine((num_features,), affine, affine and bias, device, dtype)
 
     def extra_repr(self) -> str:
         return (

@@ -46,9 +46,20 @@ class InstanceNorm(RunningStatsNorm):
         bias: bool = True,
         spatial_dims: int | None = None,
         channel_dim: int = 1,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(
-            num_features, eps, momentum, affine, track_running_stats, impl, channel_dim, bias=bias
+            num_features,
+            eps,
+            momentum,
+            affine,
+            track_running_stats,
+            impl,
+            channel_dim,
+            bias=bias,
+            device=device,
+            dtype=dtype,
         )
         if spatial_dims is not None:
             check_positive_int(self.family, "spatial_dims", spatial_dims)

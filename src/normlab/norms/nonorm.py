@@ -17,8 +17,15 @@ class NoNorm(Norm):
     tokenwise = True  # returns each token as it is
 
     def __init__(
-        self, num_features: int | None = None, impl: str = "fast", *, channel_dim: int = 1
+        self,
+        num_features: int | None = None,
+        impl: str = "fast",
+        *,
+        channel_dim: int = 1,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
+        """`device` and `dtype` are accepted (torch.nn's factory keywords): it holds no tensors."""
         super().__init__(impl, channel_dim)
         self._init_affine((), weight=False, bias=False)
 

@@ -148,13 +148,15 @@ class RMSNorm(Norm):
         impl: str = "fast",
         *,
         channel_dim: int = -1,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(impl, channel_dim)
         self.normalized_shape = trailing_shape(self.family, num_features, normalized_shape)
         check_one_feature_dim(self)
         self.eps = check_eps(self.family, eps, allow_none=True)
         self.elementwise_affine = elementwise_affine
-        self._init_affine(self.normalized_shape, elementwise_affine, bias=False)
+        self._init_affine(self.normalized_shape, elementwise_affine, False, device, dtype)
         self.num_stat_features = math.prod(self.normalized_shape)  # k: features in the rms
 
     def extra_repr(self) -> str:
@@ -167,14 +169,14 @@ class RMSNorm(Norm):
         return torch.finfo(stats_dtype(x.dtype)).eps if self.eps is None else self.eps
 
     def _check_input(self, x: torch.Tensor) -> None:
-        if self.channel_dim == 1:
+        if self._whole_sample:
             self._check_channels(x, self.normalized_shape[0])
         else:
             self._check_trailing(x, self.normalized_shape)
 
     def _rows(self, x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
         """x as rows (R, D) holding one statistic each, and (positions per feature, k)."""
-        if self.channel_dim == 1:  # one row per sample: (N, C * spatial), channel-major
+        if self._whole_sample:  # one row per sample: (N, C * spatial), channel-major
             spatial = x[0, 0].numel()
             return x.reshape(x.shape[0], -1), spatial, self.num_stat_features * spatial
         d = math.prod(self.normalized_shape)
@@ -213,7 +215,7 @@ class RMSNorm(Norm):
         rms = torch.sqrt(rows[:, :k].pow(2).mean(-1, keepdim=True) + self._eps(x))
         y = (rows / rms).view(x.shape)
         if self.weight is not None:
-            y = y * (channel_view(self.weight, x.dim()) if self.channel_dim == 1 else self.weight)
+            y = y * (channel_view(self.weight, x.dim()) if self._whole_sample else self.weight)
         return y.to(x.dtype)
 
 
@@ -242,8 +244,18 @@ class PRMSNorm(RMSNorm):
         impl: str = "fast",
         *,
         channel_dim: int = -1,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__(num_features, eps, elementwise_affine, impl=impl, channel_dim=channel_dim)
+        super().__init__(
+            num_features,
+            eps,
+            elementwise_affine,
+            impl=impl,
+            channel_dim=channel_dim,
+            device=device,
+            dtype=dtype,
+        )
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
             raise NormConfigError(f"prmsnorm: p must be in (0, 1], got {p!r}")
         self.p = float(p)
@@ -252,3 +264,34 @@ class PRMSNorm(RMSNorm):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, p={self.p}, k={self.num_stat_features}"
+
+
+@register_norm("rmsnorm2d")
+class RMSNorm2d(RMSNorm):
+    """timm's RmsNorm2d: each position of (N, C, *spatial) divided by the rms of its C channels,
+    gain per channel; channel_dim=-1: RMSNorm over the last dim of (..., D).
+
+    Not RMSNorm with channel_dim=1, whose rms is over each sample's (C, *spatial). eps defaults
+    to timm's 1e-6.
+    """
+
+    family = "rmsnorm2d"
+    natural_channel_dim = 1
+    per_position = True
+    tokenwise = False  # for channels-first conv features; (B, T, D) tokens take the 1d family
+
+    def __init__(
+        self,
+        num_features: int,
+        eps: float | None = 1e-6,
+        elementwise_affine: bool = True,
+        impl: str = "fast",
+        *,
+        channel_dim: int = 1,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(
+            num_features, eps, elementwise_affine, impl=impl,
+            channel_dim=channel_dim, device=device, dtype=dtype,
+        )  # fmt: skip

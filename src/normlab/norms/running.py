@@ -41,6 +41,8 @@ class RunningStatsNorm(Norm):
         impl: str,
         channel_dim: int,
         bias: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(impl, channel_dim)
         self.num_features = check_positive_int(self.family, "num_features", num_features)
@@ -53,11 +55,17 @@ class RunningStatsNorm(Norm):
         self.momentum = momentum
         self.affine = affine
         self.track_running_stats = track_running_stats
-        self._init_affine((num_features,), affine, affine and bias)
-        if track_running_stats:
-            self.register_buffer("running_mean", torch.zeros(num_features))
-            self.register_buffer("running_var", torch.ones(num_features))
-            self.register_buffer("num_batches_tracked", torch.tensor(0, dtype=torch.long))
+        self._init_affine((num_features,), affine, affine and bias, device, dtype)
+        if track_running_stats:  # as torch's _NormBase: the counter on `device`, a long
+            self.register_buffer(
+                "running_mean", torch.zeros(num_features, device=device, dtype=dtype)
+            )
+            self.register_buffer(
+                "running_var", torch.ones(num_features, device=device, dtype=dtype)
+            )
+            self.register_buffer(
+                "num_batches_tracked", torch.tensor(0, dtype=torch.long, device=device)
+            )
         else:
             self.register_buffer("running_mean", None)
             self.register_buffer("running_var", None)
