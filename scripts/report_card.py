@@ -133,6 +133,9 @@ def run(norm: str, plugin: str | None, quick: bool, jobs: int, threads: int | No
             left = spent / done * (total - done) if done else 0.0
             print(f"card {norm}: slot {k}/{len(todo)} done ({s.reproduction}: {s.title}); "
                   f"{_hours(spent)} so far, about {_hours(left)} left", flush=True)
+    note = changed(slots, norm)
+    if note:
+        print(note, flush=True)
     return write(norm, slots, fits, quick, root, plugin)
 
 
@@ -161,8 +164,35 @@ def write(norm: str, slots: list[card.Slot], fits: dict[str, str], quick: bool,
               "rules (gates, the sequential boundary, an equivalence band per quantity).  ",
               "Bands: " + "; ".join(dict.fromkeys(f"{s.reproduction}: {s.delta_why}"
                                                   for s in slots))]  # fmt: skip
+    header.append(versions(slots, norm))
     paths["md"].write_text(card.markdown(norm, frame, header))
     return paths
+
+
+def versions(slots: list[card.Slot], norm: str) -> str:
+    """Which training-code versions the baselines' committed jobs ran: the card reads them as
+    committed, and `run` says on the console where today's code differs."""
+    seen: dict[str, set[str]] = {}
+    for s in slots:
+        jobs = pd.read_csv(REPO / "outputs" / "figures" / s.reproduction / "jobs.csv")
+        arms = [s.arm(b) for b in s.baselines if b != norm]
+        for v in jobs[jobs["arm"].isin(arms)]["code_version"].dropna().astype(str):
+            seen.setdefault(v, set()).add(s.reproduction)
+    listed = "; ".join(f"{v} ({', '.join(sorted(r))})" for v, r in sorted(seen.items()))
+    return (f"Baselines: the committed jobs, training code {listed} (normlab.sweep.identity); "
+            "read as committed, never retrained by a card (to retrain a baseline: "
+            "`python scripts/reproduce.py NAME --grids GRID`).")
+
+
+def changed(slots: list[card.Slot], norm: str) -> str:
+    """'' where every baseline ran today's training code, else a line saying which did not."""
+    from normlab.sweep.identity import code_version
+
+    now = code_version()
+    text = versions(slots, norm)
+    return "" if f"{now} (" in text and text.count(" (") == 1 else (
+        f"card {norm}: today's training code is {now}; the baselines are read as committed, "
+        "from the versions its md lists")
 
 
 def leaderboard(root: Path, norms: tuple[str, ...] = ("batchnorm", "layernorm", "groupnorm",
