@@ -87,7 +87,7 @@ def feature_file(
     its pin when loaded), "cached" this recipe's LeNet in `cache_dir` (`ensure`: trained in a
     child process if missing), anything else a path to a fid_lenet file."""
     if features == COMMITTED:
-        from normlab.fid import COMMITTED_FILE
+        from normlab.fid import COMMITTED_FILE  # lazy: torch (seconds)
 
         return COMMITTED_FILE
     if features == CACHED:

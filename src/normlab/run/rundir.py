@@ -35,6 +35,9 @@ LOCK_FILE = ".run.lock"
 OLD_PREFIX = ".old-"  # <run dir>/.old-<time>/: an earlier run moved aside by overwrite=true
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID")
 LAST, LAST_OR_NEW = "last", "last_or_new"  # ckpt_path values naming this run dir's last.ckpt
+# What a run's log says as it starts (normlab.analysis.logs reads a job's runs from them): its
+# run dir, and that it resumes the run before.
+RUN_DIR, RESUMING = "run dir: ", "resuming from "
 
 
 def run_dir(cfg: Any) -> Path:

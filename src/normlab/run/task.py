@@ -6,8 +6,8 @@ sweep says, from a Hydra callback before this runs, whether it runs at all and w
 resumes, and reads its result after (on the run's rundir.Guard). A run or job ended by Ctrl+C
 or SIGTERM prints where it is and the command that continues it (exit 128 + the signal).
 
-Standard library, omegaconf and rundir only at import: train.py imports this before it checks
-the config, and a job that is not to run returns without torch.
+normlab.run.main imports this module once a run is to run: a job its sweep does not run returns
+before torch loads.
 """
 
 from __future__ import annotations
@@ -22,22 +22,21 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
+from normlab import loggers
 from normlab.errors import ConfigError, user_error
 from normlab.run import rundir
-from normlab.run.rundir import LAST, LAST_OR_NEW, run_dir
+from normlab.run.resume import read_checkpoint
+from normlab.run.rundir import LAST, LAST_OR_NEW, RESUMING, RUN_DIR, run_dir
+from normlab.run.training import train
 
 log = logging.getLogger(__name__)
-# What a run's log says as it starts (normlab.analysis.logs reads a job's runs from them): its
-# run dir, and that it resumes the run before.
-RUN_DIR, RESUMING = "run dir: ", "resuming from "
 FAILED: dict[str, Any] = {"status": "failed", "metrics": {}}
 
 
 def _hydra() -> Any | None:
-    from hydra.core.hydra_config import HydraConfig  # lazy: hydra's config store, ~0.1 s
-
     return HydraConfig.get() if HydraConfig.initialized() else None
 
 
@@ -46,10 +45,6 @@ def main(cfg: DictConfig, validated: bool = False) -> float | None:
     `validated`: cfg passed config.validate already (train.py checks a single run's config
     before torch loads)."""
     held = rundir.current()
-    if held is not None and held.skip is not None:  # a job its sweep does not run: no torch
-        return held.skip[0]
-    from normlab import loggers  # lazy: Lightning, torch (seconds): after the checks above
-
     hc = _hydra()
     if not rundir.other_rank():
         log.info(RUN_DIR + "%s", run_dir(cfg).absolute())
@@ -70,9 +65,6 @@ def main(cfg: DictConfig, validated: bool = False) -> float | None:
 
 def _single_run(cfg: DictConfig, validated: bool) -> float | None:
     """train(cfg); a user's error, a failed write or a run that did not end ok: one line."""
-    from normlab import loggers  # lazy: loaded by main already
-    from normlab.run.training import train  # lazy: loaded by main's loggers already
-
     try:
         result, _ = train(cfg, validated=validated)
     except Exception as err:
@@ -90,8 +82,6 @@ def _single_run(cfg: DictConfig, validated: bool) -> float | None:
 def _job(cfg: DictConfig, held: rundir.Guard | None, overrides: str) -> float | None:
     """train(cfg) as a multirun job (resumed when `held` says so); its result left on `held`
     for its sweep, a failure logged and recorded there, not raised."""
-    from normlab.run.training import train  # lazy: loaded by main's loggers already
-
     try:
         checkpoint = _resume_point(cfg, held, overrides)
         result, _ = train(cfg, checkpoint)
@@ -108,8 +98,6 @@ def _resume_point(cfg: DictConfig, held: rundir.Guard | None, overrides: str) ->
     """The last.ckpt a stopped earlier run of the same job left, when `held` resumes it (read
     once; ckpt_path set to it); None for a new job, or when it is damaged (moved aside: the job
     runs anew)."""
-    from normlab.run.resume import read_checkpoint  # lazy: torch, loaded by main already
-
     last = run_dir(cfg) / "checkpoints" / "last.ckpt"
     if held is None or not held.resume or cfg.get("ckpt_path") is not None or not last.is_file():
         return None

@@ -11,6 +11,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
@@ -36,8 +37,6 @@ class SweepJobs(Callback):
         self.job: jobs.Job | None = None
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from hydra.core.hydra_config import HydraConfig
-
         if HydraConfig.get().mode.name == "MULTIRUN":
             self.job = jobs.start(config)
 

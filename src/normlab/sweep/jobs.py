@@ -29,7 +29,7 @@ from normlab import identity
 from normlab.errors import RunDirError
 from normlab.files import atomic_write
 from normlab.run import rundir
-from normlab.run.task import RESUMING, RUN_DIR  # noqa: F401  normlab.analysis.logs reads them here
+from normlab.run.rundir import RESUMING, RUN_DIR  # noqa: F401  normlab.analysis.logs reads them here
 from normlab.sweep import summary
 
 log = logging.getLogger(__name__)
