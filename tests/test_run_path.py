@@ -104,9 +104,10 @@ if __name__ == "__main__":
     import tempfile
 
     where = tempfile.mkdtemp()
-    args = ["-m", f"hydra.sweep.dir={where}/sweep"] if "-m" in sys.argv else [
-        f"hydra.run.dir={where}/run"]  # fmt: skip
-    found = path(cfg_calls([*TINY, *args]))
+    multi = "-m" in sys.argv
+    args = ["-m", *TINY, "batch=32", f"hydra.sweep.dir={where}/sweep"] if multi else [
+        *TINY, f"hydra.run.dir={where}/run"]  # fmt: skip
+    found = path(cfg_calls(args))
     print(" -> ".join(found["entered"]))
     print(f"{len(found['entered'])} modules entered in turn, {found['up']} up a layer, "
           f"{found['again']} back into a module already left")  # fmt: skip
