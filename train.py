@@ -8,8 +8,8 @@ from omegaconf import DictConfig
 
 import normlab.config  # registers the resolvers conf/ uses (omegaconf only: loads in ms)
 import normlab.console
+import normlab.run  # the run (torch and Lightning load inside it, after the checks)
 import normlab.suggest
-import normlab.sweep.jobs  # the multirun job the sweep's callback started (no torch either)
 
 # a typo of a key or choice names the valid one first ("did you mean"), before Hydra's advice
 normlab.suggest.install(Path(__file__).resolve().parent / "conf")
@@ -19,12 +19,7 @@ normlab.console.quiet()  # before an Optuna search sets up its storage
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def entry(cfg: DictConfig) -> float | None:
     checked = normlab.config.check_or_exit(cfg)  # a bad value fails before torch loads
-    job = normlab.sweep.jobs.current()
-    if job is not None and job.reused:  # a sweep's finished job (logged as skipped): no torch
-        return job.earlier_objective(cfg.get("objective"))
-    from normlab.sweep.task import main
-
-    return main(cfg, validated=checked)
+    return normlab.run.main(cfg, validated=checked)
 
 
 if __name__ == "__main__":

@@ -179,14 +179,14 @@ def versions(slots: list[card.Slot], norm: str) -> str:
         for v in jobs[jobs["arm"].isin(arms)]["code_version"].dropna().astype(str):
             seen.setdefault(v, set()).add(s.reproduction)
     listed = "; ".join(f"{v} ({', '.join(sorted(r))})" for v, r in sorted(seen.items()))
-    return (f"Baselines: the committed jobs, training code {listed} (normlab.sweep.identity); "
+    return (f"Baselines: the committed jobs, training code {listed} (normlab.identity); "
             "read as committed, never retrained by a card (to retrain a baseline: "
             "`python scripts/reproduce.py NAME --grids GRID`).")
 
 
 def changed(slots: list[card.Slot], norm: str) -> str:
     """'' where every baseline ran today's training code, else a line saying which did not."""
-    from normlab.sweep.identity import code_version
+    from normlab.identity import code_version
 
     now = code_version()
     text = versions(slots, norm)

@@ -1,4 +1,4 @@
-"""Train a LeNet for fid_lenet to measure in (normlab.fid_train), or find it cached.
+"""Train a LeNet for fid_lenet to measure in (normlab.run.fid_lenet), or find it cached.
 
     python scripts/train_fid_lenet.py [--epochs 5] [--out FILE] [--force] [overrides ...]
 
@@ -10,7 +10,7 @@ trained here is used with callbacks.fid.features=FILE (or =cached, which trains 
 use), and its values compare only with values measured in the same file.
 """
 
-from normlab.fid_train import main
+from normlab.run.fid_lenet import main
 
 if __name__ == "__main__":
     main()

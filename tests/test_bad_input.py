@@ -120,15 +120,15 @@ IN_PROCESS = {
 
 def error_in_process(args: list[str], tmp_path: Path, compose) -> str:
     """The error train.py exits with for `args`, found in this process: the config the command
-    composes, its checks before torch, then the run (normlab.sweep.task.main), as train.py runs
+    composes, its checks before torch, then the run (normlab.run.main), as train.py runs
     them; asserts that nothing trained."""
+    import normlab.run
     from normlab import config
-    from normlab.sweep import task
 
     run = tmp_path / "run"
     cfg = compose([*args, "hydra.mode=RUN"], run)  # as `python train.py ARGS` runs (not -m)
     with pytest.raises(SystemExit) as stopped:
-        task.main(cfg, validated=config.check_or_exit(cfg))
+        normlab.run.main(cfg, validated=config.check_or_exit(cfg))
     assert not (run / "checkpoints").exists()  # nothing trained
     return str(stopped.value.code)
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import TINY
 
-import normlab.run
+import normlab.run.training
 from normlab.run import train
 
 SEEN: dict[str, object] = {}
@@ -112,6 +112,6 @@ def test_keep_heap_keeps_freed_memory_in_the_process():
 @pytest.mark.parametrize("overrides, kept", [((), True), (("keep_heap=false",), False)])
 def test_a_run_keeps_its_heap_unless_told_not_to(compose, tmp_path, monkeypatch, overrides, kept):
     calls = []
-    monkeypatch.setattr(normlab.run, "keep_heap", lambda: calls.append(1) or True)
-    normlab.run.build_task(compose([*TINY, *overrides], tmp_path))
+    monkeypatch.setattr(normlab.run.training, "keep_heap", lambda: calls.append(1) or True)
+    normlab.run.training.build_task(compose([*TINY, *overrides], tmp_path))
     assert calls == ([1] if kept else [])

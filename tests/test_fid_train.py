@@ -96,8 +96,11 @@ def no_training(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a LeNet was trained")
 
-    for name in ("ensure", "build", "train"):
-        monkeypatch.setattr(fid_train, name, fail)
+    from normlab.run import fid_lenet
+
+    monkeypatch.setattr(fid_train, "ensure", fail)  # the child process that trains one
+    for name in ("build", "train"):  # the training itself (in that child process)
+        monkeypatch.setattr(fid_lenet, name, fail)
 
 
 def test_the_default_loads_the_committed_lenet_without_training(no_training):

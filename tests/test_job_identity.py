@@ -10,8 +10,8 @@ from pathlib import Path
 
 from conftest import REPO
 
+from normlab import identity
 from normlab.config import PROGRESS
-from normlab.sweep import identity
 
 TINY_SWEEP = [
     "norm=none",

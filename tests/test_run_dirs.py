@@ -96,7 +96,7 @@ class BreakCheckpointDir(pl.Callback):
 def holding(run_dir: Path) -> Iterator[str]:
     """Another process holds run_dir's lock; yields how a run names it. Killed at the end."""
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, pathlib; from normlab.sweep import rundir; "
+        [sys.executable, "-c", "import sys, pathlib; from normlab.run import rundir; "
          "rundir.lock(pathlib.Path(sys.argv[1])); print('locked', flush=True); sys.stdin.read()",
          str(run_dir)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -171,7 +171,7 @@ def test_another_config_in_a_run_dir_fails_unless_overwrite_moves_the_run_aside(
     assert files(old) == before  # the earlier run, whole
     assert "_target_: normlab.norms.GroupNorm" in (run_dir / ".hydra" / "config.yaml").read_text()
     log = (run_dir / "train.log").read_text()
-    assert "normlab.sweep.rundir][INFO] - overwrite=true: moved" in log
+    assert "normlab.run.rundir][INFO] - overwrite=true: moved" in log
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
     assert ckpt["normlab_config"]["norm"]["_target_"] == "normlab.norms.GroupNorm"
 
@@ -195,7 +195,7 @@ def test_a_sweep_job_whose_dir_is_in_use_is_not_run(tmp_path):
 def test_a_checkpoint_without_its_config_is_checked_by_its_state_dict(compose, tmp_path):
     from hydra.utils import instantiate
 
-    from normlab.sweep.resume import check_checkpoint
+    from normlab.run.resume import check_checkpoint
 
     bn = instantiate(compose(["norm=batchnorm"], tmp_path).model)
     cfg = compose(["norm=groupnorm", "ckpt_path=old.ckpt"], tmp_path)

@@ -243,8 +243,8 @@ def validate(cfg: DictConfig) -> None:
 
 def check_or_exit(cfg: DictConfig) -> bool:
     """A single run's plain config checks, before torch and Lightning load (seconds of imports):
-    a bad value exits at once with its message; True when checked (normlab.sweep.task.main does not
-    check it again). In a sweep normlab.sweep.task.main checks each job, records a failure in the
+    a bad value exits at once with its message; True when checked (normlab.run.task.main does not
+    check it again). In a sweep normlab.run.task.main checks each job, records a failure in the
     summary and goes on: False."""
     from hydra.core.hydra_config import HydraConfig
 

@@ -30,6 +30,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 
 from normlab.errors import ConfigError
+from normlab.identity import NOT_IDENTITY
 
 PROBE_TIMEOUT_S = 10.0  # a tracking server that does not answer a connect in this long fails
 
@@ -53,8 +54,6 @@ def run_name() -> str | None:
     """A run's name for the trackers: its overrides as typed, comma-joined
     (`norm=groupnorm,batch=2`; "default" for none), without those that say where it writes,
     how it resumes or which trackers log it; None outside a Hydra job."""
-    from normlab.sweep.identity import NOT_IDENTITY
-
     try:
         from hydra.core.hydra_config import HydraConfig
 

@@ -528,7 +528,7 @@ def write_evidence(
         "subset; arms compared within a seed share all three)  ",
         f"Jobs: {len(jobs)}, {int((jobs['status'] == 'ok').sum())} ok; their own wall time "
         f"{times.sum():.0f} s in all, {times.max():.0f} s the longest  ",
-        f"Training code version(s): {', '.join(versions) or 'n/a'} (normlab.sweep.identity)  ",
+        f"Training code version(s): {', '.join(versions) or 'n/a'} (normlab.identity)  ",
         f"Data: [{name}/runs.csv]({name}/runs.csv) holds every number below; "
         f"`python scripts/reproduce.py {name} --redraw` redraws all from it",
         "",

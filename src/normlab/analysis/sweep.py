@@ -3,7 +3,7 @@
 Each NAME, budget and grid has one fixed sweep dir (<root>/outputs/reproduce/NAME[-quick]/GRID):
 a second invocation reuses it, and normlab.sweep.jobs skips a job only when summary.csv has a
 finished row for its overrides with the same resolved config and training-code version
-(normlab.sweep.identity); a changed config or code reruns it.
+(normlab.identity); a changed config or code reruns it.
 """
 
 from __future__ import annotations

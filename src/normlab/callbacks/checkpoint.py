@@ -21,8 +21,8 @@ from lightning.pytorch.trainer.connectors.logger_connector.result import (
 )
 
 from normlab.errors import RunDirError
+from normlab.files import probe
 from normlab.loggers import ResumableCSVLogger
-from normlab.sweep.rundir import probe
 
 
 class BestCheckpoint(ModelCheckpoint):

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 
-from normlab import fid, fid_train
-from normlab.sweep import identity
+from normlab import fid, fid_train, identity
 
 log = logging.getLogger(__name__)
 

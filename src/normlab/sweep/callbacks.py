@@ -1,5 +1,6 @@
-"""Hydra callbacks (conf/hydra/default.yaml: hydra.callbacks): hooks around a single run, a
-multirun and each of its jobs, outside the task function."""
+"""Hydra callbacks (conf/hydra/default.yaml: hydra.callbacks): hooks around a multirun and each
+of its jobs, outside the task function (normlab.run.task.main). A single run's is
+normlab.run.callbacks.RunDirGuard."""
 
 from __future__ import annotations
 
@@ -10,31 +11,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from normlab.errors import RunDirError
-from normlab.sweep import jobs, rundir
+from normlab.sweep import jobs
 from normlab.sweep.jobs import OUTCOMES_ENV
 
 EXIT_JOBS_FAILED = 3  # a multirun ran every job, and some failed or diverged
-
-
-class RunDirGuard(Callback):
-    """A single run locks its run dir and keeps what Hydra is about to overwrite there, before
-    Hydra writes (normlab.sweep.rundir). A dir in use fails at once, with nothing written; ranks
-    other than 0 share rank 0's dir and hold nothing."""
-
-    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        if rundir.other_rank():
-            return
-        try:
-            rundir.guard(Path(str(config.hydra.run.dir)).absolute(), config.hydra.output_subdir)
-        except RunDirError as err:  # Hydra turns a callback's exception into a warning
-            raise SystemExit(f"error: {err}") from None
-
-    def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
-        rundir.release()
 
 
 class CreateSweepDir(Callback):
@@ -46,16 +30,20 @@ class CreateSweepDir(Callback):
 
 class SweepJobs(Callback):
     """A multirun job in its sweep (normlab.sweep.jobs): reused when it finished with the same
-    identity, locked, resumed when stopped; its summary row and outcome written at its end."""
+    identity, locked, resumed when stopped; its summary row and outcome written at its end.
+    The job of this process is this callback's, from on_job_start to on_job_end."""
+
+    def __init__(self) -> None:
+        self.job: jobs.Job | None = None
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from hydra.core.hydra_config import HydraConfig
-
         if HydraConfig.get().mode.name == "MULTIRUN":
-            jobs.start(config)
+            self.job = jobs.start(config)
 
     def on_job_end(self, config: DictConfig, **kwargs: Any) -> None:
-        jobs.end()
+        job, self.job = self.job, None
+        if job is not None:
+            jobs.end(job)
 
 
 class SweepExitCode(Callback):

@@ -1,19 +1,22 @@
 """A multirun job's place in its sweep, around the task function: the Hydra callback
-normlab.sweep.callbacks.SweepJobs calls start (on_job_start) and end (on_job_end).
+normlab.sweep.callbacks.SweepJobs calls start (on_job_start) and end (on_job_end), and holds the
+Job in between.
 
 start: the job's identity (identity.config_hash, identity.code_version); a job whose row from an
 earlier invocation of the sweep is finished with the same identity is reused, not run; else its
 run dir is locked (a job another process runs now is not run: failed) and its row written as
-running (a changed job's last.ckpt set aside: never resumed by the new job). The task function
-(normlab.sweep.task) runs it, resuming a stopped job, and hands its result to finish. end: the
-final row, the job's outcome (SweepExitCode reads them all) and the lock released. Standard
-library, omegaconf and yaml only: the callback runs before torch loads.
+running (a changed job's last.ckpt set aside: never resumed by the new job). Either way the run
+is told through its guard (normlab.run.rundir: skip, or job with whether it resumes); the task
+function (normlab.run.task) runs it and leaves its result there. end: the final row from that
+result, the job's outcome (SweepExitCode reads them all). Standard library, omegaconf and yaml
+only: the callback runs before torch loads.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -22,13 +25,17 @@ from typing import Any
 
 from omegaconf import DictConfig, open_dict, read_write
 
+from normlab import identity
 from normlab.errors import RunDirError
-from normlab.sweep import identity, rundir, summary
+from normlab.files import atomic_write
+from normlab.run import rundir
+from normlab.run.rundir import RESUMING, RUN_DIR  # noqa: F401  normlab.analysis.logs reads them here
+from normlab.sweep import summary
 
 log = logging.getLogger(__name__)
 # What a job's train.log says as each run of it starts (normlab.analysis.logs reads its runs
-# from them): its run dir, that it resumes the run before, or, logged here, that it was reused.
-RUN_DIR, RESUMING, SKIPPING = "run dir: ", "resuming from ", "skipping finished job "
+# from them): the run's own lines (RUN_DIR, RESUMING), or, logged here, that it was reused.
+SKIPPING = "skipping finished job "
 OUTCOMES_ENV = "NORMLAB_SWEEP_OUTCOMES"  # the folder a multirun's jobs leave their status in
 
 
@@ -42,7 +49,7 @@ class Job:
     ident: dict[str, str]  # config_hash and code_version
     before: dict[str, str] | None  # its row from an earlier invocation of the sweep
     row: dict[str, Any] = field(default_factory=dict)  # what this invocation writes (running)
-    lock: int | None = None  # the run dir's lock while it runs
+    held: rundir.Guard | None = None  # the run's guard: the run leaves its result there
     started: float = 0.0  # when its row was written as running
 
     @property
@@ -60,19 +67,6 @@ class Job:
         value = self.before.get(name or "")  # type: ignore[union-attr]
         return float(value) if value not in (None, "") else None
 
-    def release(self) -> None:
-        if self.lock is not None:
-            os.close(self.lock)
-            self.lock = None
-
-
-_current: Job | None = None
-
-
-def current() -> Job | None:
-    """The job this process runs now (None outside a multirun job)."""
-    return _current
-
 
 def _task_config(config: DictConfig) -> DictConfig:
     """The job's config as its task function gets it: without the hydra node."""
@@ -85,22 +79,24 @@ def _task_config(config: DictConfig) -> DictConfig:
 def start(config: DictConfig) -> Job:
     """The job of config (a multirun job's, with its hydra node) in its sweep: reused, not run
     (its run dir in use: no row), or locked with its row written as running."""
-    global _current
     hc, cfg = config.hydra, _task_config(config)
     overrides, sweep_dir = " ".join(hc.overrides.task), Path(hc.sweep.dir)
     ident = {"config_hash": identity.config_hash(cfg),
              "code_version": identity.code_version()}  # fmt: skip
-    job = _current = Job(hc.job.num, overrides, sweep_dir, ident,
-                         summary.previous_row(sweep_dir, overrides))  # fmt: skip
+    job = Job(hc.job.num, overrides, sweep_dir, ident, summary.previous_row(sweep_dir, overrides))
     run_dir = Path(cfg.paths.output_dir)
     if job.reused:
         log.info(SKIPPING + "[%s] (%s)", overrides, job.before["run_dir"])  # type: ignore[index]
         summary.update_row(sweep_dir, {**job.before, "reused": 1})  # type: ignore[dict-item]
+        rundir.skip(run_dir, job.earlier_objective(cfg.get("objective")))
         return job
+    before = job.before or {}
+    resume = f"job [{overrides}] was {before.get('status')}" if job.same else None
     try:
-        job.lock = rundir.lock(run_dir)  # another process runs this job now: leave it
+        job.held = rundir.job(run_dir, resume)  # another process runs this job now: leave it
     except RunDirError as err:
         log.error("job [%s] not run: %s", overrides, err)
+        rundir.skip(run_dir, math.nan if cfg.get("objective") else None)  # a failed job's
         return job
     last = run_dir / "checkpoints" / "last.ckpt"
     if job.before is not None and not job.same:
@@ -115,24 +111,18 @@ def start(config: DictConfig) -> Job:
     return job
 
 
-def finish(job: Job, result: dict[str, Any], seed: Any) -> None:
-    """The task function's result of the job ({'status', 'metrics', and 'error' or 'note'})."""
-    job.row.update(
-        status=result["status"],
-        error=result.get("error") or result.get("note", ""),
-        wall_time_s=round(time.time() - job.started, 2),
-        seed=result.get("seed", seed),
-        **result["metrics"],
-    )
-
-
-def end() -> None:
-    """Write the job's final row (failed when its task function never reported), leave its
-    outcome for SweepExitCode, release its run dir."""
-    global _current
-    job, _current = _current, None
-    if job is None:
-        return
+def end(job: Job) -> None:
+    """Write the job's final row from the result its run left on its guard (failed when the run
+    left none), leave its outcome for SweepExitCode, release its run dir."""
+    result = job.held.result if job.held is not None else None
+    if result is not None:
+        job.row.update(
+            status=result["status"],
+            error=result.get("error") or result.get("note", ""),
+            wall_time_s=round(time.time() - job.started, 2),
+            seed=result.get("seed"),
+            **result["metrics"],
+        )
     if job.reused:
         outcome = job.before["status"]  # type: ignore[index]
     elif not job.row:  # not run: its run dir was in use
@@ -143,7 +133,7 @@ def end() -> None:
         summary.update_row(job.sweep_dir, job.row)
         outcome = job.row["status"]
     record_outcome(job.num, outcome)
-    job.release()
+    rundir.release()
 
 
 def record_outcome(job: int, status: str) -> None:
@@ -151,4 +141,4 @@ def record_outcome(job: int, status: str) -> None:
     the folder $NORMLAB_SWEEP_OUTCOMES (jobs may run in other processes: joblib, submitit)."""
     folder = os.environ.get(OUTCOMES_ENV)
     if folder:
-        summary.atomic_write(Path(folder) / str(job), status)
+        atomic_write(Path(folder) / str(job), status)

@@ -9,48 +9,25 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import fcntl
 import logging
 import math
-import os
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+# atomic_write and file_lock are also read from here by analysis/readme.py and scripts/reproduce.py
+from normlab.files import atomic_write, file_lock
 from normlab.tables import markdown_table
 
 log = logging.getLogger(__name__)
-# a job's identity (normlab.sweep.identity) and whether its row was reused from an earlier
+# a job's identity (normlab.identity) and whether its row was reused from an earlier
 # invocation
 IDENTITY_COLUMNS = ["reused", "config_hash", "code_version"]
 FIRST_COLUMNS = ["job", "overrides", "status", "error", "wall_time_s", "seed", "run_dir",
                  *IDENTITY_COLUMNS]  # fmt: skip
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Write text to path via a temp file + rename: readers see the old or the new file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
-@contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on the file `path` (created, with its dir) across processes."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _locked(sweep_dir: Path) -> contextlib.AbstractContextManager[None]:

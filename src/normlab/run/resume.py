@@ -13,8 +13,10 @@ import lightning.pytorch as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from normlab import identity
 from normlab.errors import ConfigError, RunDirError
-from normlab.sweep import identity, rundir
+from normlab.run import rundir
+from normlab.run.rundir import LAST, LAST_OR_NEW, run_dir
 
 log = logging.getLogger(__name__)
 CONFIG_KEY = "normlab_config"  # a checkpoint's entry holding the resolved config that saved it
@@ -23,11 +25,6 @@ RESUME_KEYS = ("state_dict", "global_step", "epoch", "optimizer_states")  # what
 SHOWN_DIFFERENCES = 4  # differing keys an error names
 _ABSENT = object()
 _ALIAS = re.compile(r"\$\{[\w.]+\}")  # a node that is another node (model.net.norm_layer: ${norm})
-LAST, LAST_OR_NEW = "last", "last_or_new"  # ckpt_path values naming this run dir's last.ckpt
-
-
-def run_dir(cfg: DictConfig) -> Path:
-    return Path(cfg.paths.output_dir)
 
 
 def resolve_ckpt(cfg: DictConfig) -> str | None:
@@ -149,7 +146,7 @@ def other_run(cfg: DictConfig) -> str | None:
     what a sweep calls the same job); else what differs. Call before a random seed is written
     into cfg."""
     guard = rundir.current()
-    if guard is None or not guard.holds_run():
+    if guard is None or guard.job or not guard.holds_run():  # a job's: its sweep decides
         return None
     config_hash = identity.config_hash(cfg)
     try:

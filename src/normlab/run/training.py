@@ -1,6 +1,7 @@
 """One training run, lightning-hydra-template's train(): instantiate the data, task, callbacks,
 trackers and trainer of a composed config, fit, test with the best checkpoint, return the
-result and the objects. Where it runs (a run dir, a sweep job) is normlab.sweep's."""
+result and the objects. Its run dir (rundir) and what an earlier run there means (resume) are
+this package's too; normlab.run.task runs it as train.py's task function."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from normlab.callbacks.progress import EpochProgress, RunEstimate, StepProgress
 from normlab.compute import keep_heap
 from normlab.errors import ConfigError
 from normlab.preflight import preflight
-from normlab.sweep import resume, rundir
+from normlab.run import resume, rundir
 
 SUMMARY_GROUPS = ("train", "val", "test", "diverged")  # metric prefixes a run's result keeps
 RESUMED_DIR_WARNING = r"Checkpoint directory .* exists and is not empty"  # ModelCheckpoint's
@@ -71,7 +72,7 @@ def build(
     Nothing is written to the run dir before the checks pass: the config (unless `validated`
     by the caller), the trackers' servers, a checkpoint to resume against the model, an earlier
     run of another config in the dir, whether the run dir and checkpoint dirs can be written
-    (normlab.sweep.resume). `checkpoint`: the one at cfg.ckpt_path, when the caller read it."""
+    (normlab.run.resume). `checkpoint`: the one at cfg.ckpt_path, when the caller read it."""
     console.configure()
     if not validated:
         config.validate(cfg)

@@ -1,7 +1,14 @@
-"""The Hydra task function of train.py (main): a single run, or a multirun job in its sweep
-(normlab.sweep.jobs). A single run that fails on bad input or diverges exits non-zero with one
-line; a multirun job never raises: its failure is its summary row, and the sweep goes on. A run
-or job ended by Ctrl+C or SIGTERM prints where it is and the command that continues it."""
+"""The Hydra task function of train.py (main): train(cfg) as a single run, or as a multirun job.
+
+A single run that fails on bad input or diverges exits non-zero with one line. A multirun job
+never raises: its failure is its result, and the sweep goes on. Whoever runs the job in its
+sweep says, from a Hydra callback before this runs, whether it runs at all and whether it
+resumes, and reads its result after (on the run's rundir.Guard). A run or job ended by Ctrl+C
+or SIGTERM prints where it is and the command that continues it (exit 128 + the signal).
+
+normlab.run.main imports this module once a run is to run: a job its sweep does not run returns
+before torch loads.
+"""
 
 from __future__ import annotations
 
@@ -15,21 +22,21 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
 from normlab import loggers
 from normlab.errors import ConfigError, user_error
-from normlab.run import train
-from normlab.sweep import jobs, rundir
-from normlab.sweep.resume import LAST, LAST_OR_NEW, read_checkpoint, run_dir
+from normlab.run import rundir
+from normlab.run.resume import read_checkpoint
+from normlab.run.rundir import LAST, LAST_OR_NEW, RESUMING, RUN_DIR, run_dir
+from normlab.run.training import train
 
 log = logging.getLogger(__name__)
 FAILED: dict[str, Any] = {"status": "failed", "metrics": {}}
 
 
 def _hydra() -> Any | None:
-    from hydra.core.hydra_config import HydraConfig
-
     return HydraConfig.get() if HydraConfig.initialized() else None
 
 
@@ -37,19 +44,20 @@ def main(cfg: DictConfig, validated: bool = False) -> float | None:
     """One run or multirun job of cfg; the metric a sweeper optimizes (objective).
     `validated`: cfg passed config.validate already (train.py checks a single run's config
     before torch loads)."""
+    held = rundir.current()
     hc = _hydra()
     if not rundir.other_rank():
-        log.info(jobs.RUN_DIR + "%s", run_dir(cfg).absolute())
+        log.info(RUN_DIR + "%s", run_dir(cfg).absolute())
     try:
         if hc is not None and hc.mode.name == "MULTIRUN":
-            return _sweep_job(cfg)
+            return _job(cfg, held, " ".join(hc.overrides.task))
         return _single_run(cfg, validated)
     except BaseException as err:
         signum = loggers.killed_by(err)
         if not signum:  # Ctrl+C, SIGTERM: where the run is and how to go on
             raise
-        if jobs.current() is not None:
-            jobs.current().release()  # type: ignore[union-attr]
+        if held is not None and held.job:
+            rundir.release()  # its dir is free for the command that continues it
         if not rundir.other_rank():
             print(interrupted(cfg, hc, signum), file=sys.stderr)
         raise SystemExit(128 + signum) from None
@@ -71,33 +79,27 @@ def _single_run(cfg: DictConfig, validated: bool) -> float | None:
     return objective(cfg, result)
 
 
-def _sweep_job(cfg: DictConfig) -> float | None:
-    """The job jobs.start began: reused (its earlier objective), not run, or run (resumed
-    when an earlier invocation stopped it); its result handed to jobs.finish."""
-    job = jobs.current()
-    if job is None:  # SweepJobs (conf/hydra/default.yaml) did not start it
-        log.error("job not run: no sweep job started (hydra.callbacks.sweep_job)")
-        return objective(cfg, FAILED)
-    if job.reused:  # train.py returns before importing this module; here for direct callers
-        return job.earlier_objective(cfg.get("objective"))
-    if not job.row:  # its run dir is in use by another process
-        return objective(cfg, FAILED)
+def _job(cfg: DictConfig, held: rundir.Guard | None, overrides: str) -> float | None:
+    """train(cfg) as a multirun job (resumed when `held` says so); its result left on `held`
+    for its sweep, a failure logged and recorded there, not raised."""
     try:
-        checkpoint = _resume_point(cfg, job)
+        checkpoint = _resume_point(cfg, held, overrides)
         result, _ = train(cfg, checkpoint)
     except Exception as err:  # a failing job is recorded; the sweep goes on
-        log.error("job [%s] failed:\n%s", job.overrides, traceback.format_exc())
+        log.error("job [%s] failed:\n%s", overrides, traceback.format_exc())
         cause = user_error(err) or rundir.write_error(err, run_dir(cfg)) or err
         result = {**FAILED, "error": f"{type(cause).__name__}: {cause}"}
-    jobs.finish(job, result, cfg.seed)
+    if held is not None:
+        held.result = {**result, "seed": result.get("seed", cfg.seed)}
     return objective(cfg, result)
 
 
-def _resume_point(cfg: DictConfig, job: jobs.Job) -> dict[str, Any] | None:
-    """The last.ckpt an unfinished earlier run of the same job left (read once; ckpt_path set
-    to it); None for a new job, or when it is damaged (moved aside: the job runs anew)."""
+def _resume_point(cfg: DictConfig, held: rundir.Guard | None, overrides: str) -> dict | None:
+    """The last.ckpt a stopped earlier run of the same job left, when `held` resumes it (read
+    once; ckpt_path set to it); None for a new job, or when it is damaged (moved aside: the job
+    runs anew)."""
     last = run_dir(cfg) / "checkpoints" / "last.ckpt"
-    if not job.same or cfg.get("ckpt_path") is not None or not last.is_file():
+    if held is None or not held.resume or cfg.get("ckpt_path") is not None or not last.is_file():
         return None
     try:
         checkpoint = read_checkpoint(last, "last.ckpt")
@@ -105,9 +107,9 @@ def _resume_point(cfg: DictConfig, job: jobs.Job) -> dict[str, Any] | None:
         aside = last.with_name(f"last.damaged-{time.strftime('%Y%m%d-%H%M%S')}.ckpt")
         last.replace(aside)
         log.warning("job [%s]: %s; moved it to %s, running the job from scratch",
-                    job.overrides, err, aside)  # fmt: skip
+                    overrides, err, aside)  # fmt: skip
         return None
-    log.info("job [%s] was %s: " + jobs.RESUMING + "%s", job.overrides, job.before["status"], last)  # type: ignore[index]
+    log.info("%s: " + RESUMING + "%s", held.resume, last)
     with open_dict(cfg):
         cfg.ckpt_path = LAST
     return checkpoint

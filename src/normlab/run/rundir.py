@@ -2,12 +2,16 @@
 
 `lock` takes an exclusive flock on `<run dir>/.run.lock`, held until the run's process ends (a
 killed holder leaves no stale lock); a second run fails at once, naming the holder. A single
-run's `Guard` is taken by the Hydra callback normlab.sweep.callbacks.RunDirGuard before Hydra
+run's `Guard` is taken by the Hydra callback normlab.run.callbacks.RunDirGuard before Hydra
 writes the run dir: it keeps the files Hydra overwrites (`.hydra/*.yaml`) and the length of its
 log, so a run that fails before it starts leaves the dir as it found it (`restore`: a dir it
-made is removed), and
-`overwrite=true` moves an earlier run aside whole (`move_aside`). Standard library only: the
-callback runs before torch loads.
+made is removed), and `overwrite=true` moves an earlier run aside whole (`move_aside`).
+
+A multirun job's Guard is taken by whoever runs the job in its sweep, from a Hydra callback
+(normlab.sweep.callbacks.SweepJobs, before the task function): `job` locks the dir and says
+whether the run resumes its last.ckpt; `skip` tells the run not to run (reused, or its dir in
+use) and what it returns. The run leaves its result on the Guard (`result`) for that callback's
+on_job_end, which releases it. Standard library only: the callbacks run before torch loads.
 """
 
 from __future__ import annotations
@@ -19,17 +23,27 @@ import logging
 import os
 import shutil
 import socket
-import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from normlab.errors import RunDirError
+from normlab.files import probe
 
 log = logging.getLogger(__name__)
 LOCK_FILE = ".run.lock"
 OLD_PREFIX = ".old-"  # <run dir>/.old-<time>/: an earlier run moved aside by overwrite=true
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID")
+LAST, LAST_OR_NEW = "last", "last_or_new"  # ckpt_path values naming this run dir's last.ckpt
+# What a run's log says as it starts (normlab.analysis.logs reads a job's runs from them): its
+# run dir, and that it resumes the run before.
+RUN_DIR, RESUMING = "run dir: ", "resuming from "
+
+
+def run_dir(cfg: Any) -> Path:
+    """A run's dir: cfg.paths.output_dir (cfg a DictConfig: omegaconf is not imported here)."""
+    return Path(cfg.paths.output_dir)
 
 
 def lock(run_dir: Path) -> int:
@@ -58,19 +72,6 @@ def lock(run_dir: Path) -> int:
 def other_rank() -> bool:
     """Whether this process is a data-parallel rank other than 0 (it shares rank 0's run dir)."""
     return any(os.environ.get(name, "0") not in ("", "0") for name in RANK_VARIABLES)
-
-
-def probe(dirs: Iterable[Path]) -> None:
-    """Create (if needed) and write a file in each dir, so an unwritable dir fails before
-    training instead of at the first checkpoint."""
-    for folder in dirs:
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=folder, prefix=".probe-")
-            os.close(fd)
-            os.unlink(tmp)
-        except OSError as err:
-            raise RunDirError(f"cannot write to {folder}: {err.strerror or err}") from err
 
 
 def claim(run_dir: Path, dirs: Iterable[Path], move_aside: bool) -> None:
@@ -102,18 +103,22 @@ def write_error(err: BaseException, run_dir: Path) -> RunDirError | None:
 class Guard:
     """A single run's hold on its dir: the lock, and what was there before Hydra wrote."""
 
-    def __init__(self, run_dir: Path, hydra_subdir: str | None):
+    def __init__(self, run_dir: Path, hydra_subdir: str | None, locked: bool = True):
         self.run_dir = run_dir
         # the dirs this run makes (the run dir, and its parents not there yet): removed again
         # when it fails before it starts
         self.created = [d for d in (run_dir, *run_dir.parents) if not d.exists()]
-        self.fd: int | None = lock(run_dir)
+        self.fd: int | None = lock(run_dir) if locked else None
         self.hydra_dir = run_dir / hydra_subdir if hydra_subdir else None
         self.files = {}  # Hydra's files as they were: path -> bytes
         if self.hydra_dir is not None and self.hydra_dir.is_dir():
             self.files = {p: p.read_bytes() for p in self.hydra_dir.iterdir() if p.is_file()}
         self.logs = {p: p.stat().st_size for p in run_dir.glob("*.log") if p.is_file()}
         self.started = False  # set by start(); until then a failure restores the dir
+        self.job = False  # a multirun job's: its sweep, not the run, decides what was there
+        self.resume: str | None = None  # a job's: why it resumes its last.ckpt (logged)
+        self.skip: tuple[float | None] | None = None  # a job not to run: (what the run returns,)
+        self.result: dict[str, Any] | None = None  # the run's result ({'status', 'metrics', ...})
 
     def previous_config(self) -> str | None:
         """The .hydra/config.yaml of the run that was in the dir before this one, if any."""
@@ -202,9 +207,27 @@ def guard(run_dir: Path, hydra_subdir: str | None) -> Guard:
     return _guard
 
 
+def job(run_dir: Path, resume: str | None) -> Guard:
+    """Take a multirun job's Guard: its dir locked (RunDirError when in use); `resume`, why it
+    resumes the last.ckpt in its dir (None: it runs anew). Released by release()."""
+    global _guard
+    _guard = Guard(run_dir, None)
+    _guard.started, _guard.job, _guard.resume = True, True, resume
+    return _guard
+
+
+def skip(run_dir: Path, value: float | None) -> Guard:
+    """A multirun job that is not to run (finished before, or its dir in use): the run returns
+    `value` (its objective) at once, with nothing locked or written."""
+    global _guard
+    _guard = Guard(run_dir, None, locked=False)
+    _guard.started, _guard.job, _guard.skip = True, True, (value,)
+    return _guard
+
+
 def current() -> Guard | None:
-    """The Guard of the single run in this process (None in a multirun job, on ranks other
-    than 0 and when train() is called without Hydra's callbacks)."""
+    """The Guard of the run in this process (None on ranks other than 0, in a multirun job
+    nobody took one for, and when train() is called without Hydra's callbacks)."""
     return _guard
 
 

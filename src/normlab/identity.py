@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 import normlab
@@ -60,8 +61,6 @@ def code_version() -> str:
 
 def hydra_conf_dir() -> Path | None:
     """The conf/ dir of the running Hydra app (None outside Hydra)."""
-    from hydra.core.hydra_config import HydraConfig
-
     if not HydraConfig.initialized():
         return None
     for source in HydraConfig.get().runtime.config_sources:
