@@ -211,12 +211,21 @@ def redraw(name: str, quick: bool, root: Path, norm: str | None = None) -> dict[
     result = repro.render(data)
     if quick and result.notes:  # the analysis writes its notes for the full budget
         result.notes.insert(0, quick_note(repro))
+    plugin = _plugin(jobs) if norm else None
     return report.write_evidence(
         result, out, evidence, title,
-        command_text(name, quick, seeds, norm, _plugin(jobs) if norm else None,
-                     seeds_decided(repro, jobs)),
+        command_text(name, quick, seeds, norm, plugin, seeds_decided(repro, jobs)),
         repro.budget(quick).text, jobs, default_seeds(quick, name), seed_cap(quick, name),
+        redraw_text(name, quick, norm, plugin), smoke=quick,
     )  # fmt: skip
+
+
+def redraw_text(name: str, quick: bool, norm: str | None, plugin: str | None) -> str:
+    """The command that redraws a figure's files, as the md prints it (NAME+X: with --norm)."""
+    cmd = f"python scripts/reproduce.py {name}"
+    if norm:
+        cmd += f" --norm {norm}" + (f" --plugin {plugin}" if plugin else "")
+    return cmd + " --redraw" + (" --quick" if quick else "")
 
 
 def _merge(new: pd.DataFrame, path: Path, jobs: Callable[[pd.DataFrame], pd.Series] | None = None

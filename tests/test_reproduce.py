@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from normlab.analysis import sweep
+from normlab.analysis import report, sweep
 from normlab.analysis.reproductions import REPRODUCTIONS
 from normlab.analysis.sweep import Budget, Grid, Reproduction
 
@@ -297,11 +297,13 @@ def test_quick_run_writes_evidence_reuses_its_jobs_and_redraws_the_same_md(
     md = (figures / f"{name}.md").read_text()
     header = "| claim (as tested here) | source | paper | ours: mean [95% CI] | seeds (planned) |"
     assert header in md and "## Gates" in md and "Holm" in md
+    assert f"**{report.SMOKE}**" in md  # a smoke run: its claims read no verdict
     jobs = pd.read_csv(figures / name / "jobs.csv")
     assert (jobs["status"] == "ok").all() and sorted(jobs["seed"].unique()) == [0, 1]
     claims = pd.read_csv(figures / f"{name}.claims.csv")
     # a claim over the seeds that trained in both arms (and an any-of claim over such) reads
     # fewer when a quick run's seeds did not train
+    assert (claims["verdict"] == report.SMOKE).all()
     subset = claims["claim"].str.contains("seeds that trained in both|at some lr")
     assert (claims[~subset]["n_seeds"] == 2).all() and (claims[subset]["n_seeds"] <= 2).all()
 
@@ -612,7 +614,7 @@ def test_subset_replaces_only_the_rows_of_the_jobs_it_ran(tmp_path):
 
 
 def test_norm_and_grids_options_are_checked_before_any_work(tmp_path):
-    done = reproduce("ln_rnn", "--norm", "meanonly", root=tmp_path)
+    done = reproduce("deepnorm_depth", "--norm", "meanonly", root=tmp_path)
     assert done.returncode != 0 and "fixed arms" in done.stderr
     done = reproduce("dyt_vs_ln", "--grids", "nope", root=tmp_path)
     assert done.returncode != 0 and "no grid or arm nope" in done.stderr
@@ -648,11 +650,19 @@ def test_a_users_norm_runs_through_a_reproduction_as_one_more_arm(tmp_path):
                                             "gpt/rmsnorm"]  # fmt: skip
     claims = pd.read_csv(figures / "dyt_vs_ln+meanonly.claims.csv").set_index("claim")
     mine = claims.loc["GPT: meanonly's final val loss is within +-0.05 nats of LayerNorm's"]
-    # --quick runs 2 seeds: fewer than the 3 a verdict needs, whatever the gates say
-    assert mine["n_seeds"] == 2 and mine["verdict"] == "undecided (2 seeds, fewer than 3)"
+    # --quick is a smoke run: no verdict, whatever the seeds and gates say
+    assert mine["n_seeds"] == 2 and mine["verdict"] == mine["verdict_holm"] == report.SMOKE
     assert isinstance(mine["gates"], str) and mine["gates"]  # the gates are still reported
     md = (figures / "dyt_vs_ln+meanonly.md").read_text()
     assert "--norm meanonly --plugin examples.my_norm --quick" in md
+    # the md's redraw hint works as printed
+    hint = "python scripts/reproduce.py dyt_vs_ln --norm meanonly --plugin examples.my_norm "
+    assert f"`{hint}--redraw --quick` redraws all from it" in md
+    (figures / "dyt_vs_ln+meanonly.md").unlink()
+    again = subprocess.run([sys.executable, *hint.split()[1:], "--redraw", "--quick", "--root",
+                            str(tmp_path)], cwd=REPO, capture_output=True, text=True)  # fmt: skip
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert (figures / "dyt_vs_ln+meanonly.md").read_text() == md
     assert not (figures / "dyt_vs_ln.md").exists()  # the reproduction's own evidence untouched
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import textwrap
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -507,15 +507,23 @@ def jobs_table(jobs: pd.DataFrame) -> str:
     return markdown_table(columns, rows) + "\n"
 
 
+SMOKE = "smoke: not evidence"
+
+
 def write_evidence(
     result: Result, out_dir: Path, name: str, title: str, command: str, budget: str,
-    jobs: pd.DataFrame, initial: int = 3, cap: int = 12,
+    jobs: pd.DataFrame, initial: int = 3, cap: int = 12, redraw: str = "", smoke: bool = False,
 ) -> dict[str, Path]:  # fmt: skip
-    """Write NAME.png, .svg, .md and .claims.csv from an analysed runs.csv (no run logs read)."""
+    """Write NAME.png, .svg, .md and .claims.csv from an analysed runs.csv (no run logs read).
+    `redraw` is the command that redraws it (default `reproduce.py NAME --redraw`); a `smoke`
+    run (--quick) reads no gate and no verdict: each claim says it is a smoke run."""
     paths = evidence_paths(out_dir, name)
     out_dir.mkdir(parents=True, exist_ok=True)
     decisions = gates.decide(result.claims, result.gates, initial, cap)
-    under = footer(result.gates, result.claims, decisions)
+    if smoke:
+        decisions = [replace(d, verdict=SMOKE, holm=SMOKE, tested=False) for d in decisions]
+    under = f"{SMOKE}: a --quick run, its gates and verdicts are not read." if smoke else (
+        footer(result.gates, result.claims, decisions))
     text = _figure_and_header(result, paths, name, title, command, budget, under)
     claims = pd.DataFrame(
         [decided_row(c, d) for c, d in zip(result.claims, decisions, strict=True)]
@@ -530,7 +538,7 @@ def write_evidence(
         f"{times.sum():.0f} s in all, {times.max():.0f} s the longest  ",
         f"Training code version(s): {', '.join(versions) or 'n/a'} (normlab.identity)  ",
         f"Data: [{name}/runs.csv]({name}/runs.csv) holds every number below; "
-        f"`python scripts/reproduce.py {name} --redraw` redraws all from it",
+        f"`{redraw or f'python scripts/reproduce.py {name} --redraw'}` redraws all from it",
         "",
         "## Gates",
         "",
