@@ -29,6 +29,8 @@ NEW, GONE = "(new claim)", "(no longer a claim)"
 RULES = (
     (lambda was, now: was == NEW, "new claim: its arms' gate rows were re-collected"),
     (lambda was, now: now == GONE, "replaced: its arms' gate rows were re-collected"),
+    (lambda was, now: now.split("; would decide it")[0] == was,
+     "wording: an invalid verdict names what would decide it"),
     (lambda was, now: "budget-dependent" in now, "budget test (decaying schedule)"),
     (lambda was, now: now.startswith("absent"), "equivalence: two one-sided tests in a band"),
     (lambda was, now: "not past the boundary" in now, "sequential boundary (Pocock, 3 looks)"),
@@ -90,6 +92,8 @@ def table(ref: str) -> str:
     return "\n".join([
         f"Verdicts at {ref} and now (`python scripts/verdict_changes.py {ref}`).", "",
         markdown_table(["verdict", "was", "now"], totals), "",
+        "The rule is read from the two verdicts' words; a claim whose arms ran new seeds since "
+        "(the commits say which) can also have moved with its evidence.", "",
         markdown_table(["figure", "claim", "was", "now", "rule that changed it"], rows), "",
     ])  # fmt: skip
 
