@@ -10,7 +10,7 @@ REPO = Path(__file__).resolve().parents[1]
 # low to high; a module may import its own layer and those below. A package's name stands for
 # its modules (normlab.run.* is "run"); a name a layer does not list fails the test.
 LAYERS = [
-    ("normlab", "errors", "tables", "compute", "console", "files", "identity"),
+    ("normlab", "errors", "tables", "compute", "console", "files", "identity", "suggest"),
     ("norms",),
     ("config", "data", "models", "tasks", "preflight", "fid", "loggers"),
     ("callbacks", "fid_train"),
