@@ -128,7 +128,7 @@ def ctrl_c_in_fit(*args, **kwargs):
 def test_ctrl_c_says_what_was_saved_and_how_to_continue(
     part, during, wrote, left, tiny_bench, monkeypatch, capsys
 ):
-    monkeypatch.setattr(norms, "bench", lambda rounds: [{"norm": "x", "ms": 1.0}])
+    monkeypatch.setattr(norms, "bench", lambda rounds, tick=None: [{"norm": "x", "ms": 1.0}])
     monkeypatch.setattr(norms if during == "norms" else train, "bench", ctrl_c_in_fit)
     with pytest.raises(SystemExit) as exit_:
         bench.main([part, "--rounds", "1", "--out", str(tiny_bench)])
@@ -143,7 +143,7 @@ def test_ctrl_c_says_what_was_saved_and_how_to_continue(
 
 
 def test_an_error_that_is_not_a_signal_is_raised_as_it_is(tiny_bench, monkeypatch):
-    def broken(rounds):
+    def broken(rounds, tick=None):
         raise RuntimeError("a bug")
 
     monkeypatch.setattr(norms, "bench", broken)
