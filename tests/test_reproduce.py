@@ -289,6 +289,7 @@ def test_quick_run_writes_evidence_reuses_its_jobs_and_redraws_the_same_md(
     # beside two trainings); reproduce.py's joblib path runs in the user's-norm test below
     done = reproduce(name, "--quick", root=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "quick jobs, about a minute each" in done.stdout.splitlines()[0]  # said first
     figures = tmp_path / "outputs" / "figures" / "quick"
     files = [figures / f"{name}.{ext}" for ext in ("png", "svg", "md", "claims.csv")]
     files += [figures / name / "runs.csv", figures / name / "jobs.csv"]
@@ -678,6 +679,43 @@ def test_estimate_is_the_committed_wall_time_over_the_parallel_jobs():
     assert script._hours(60 * 80) == "80 min" and script._hours(3600 * 1.6) == "1.6 h"
     listed = subprocess.run([*SCRIPT, "--list"], capture_output=True, text=True, check=True)
     assert f"    time (full): {script.estimate('bn_lenet')}\n" in listed.stdout
+
+
+def test_quick_norm_and_grids_runs_say_how_long_first():
+    repro = REPRODUCTIONS["ln_rnn"]
+    seeds = script.default_seeds(True, "ln_rnn")
+    assert script.job_total(repro, True, seeds) == 6  # pilot 2 (seed 0), main 4
+    assert script.estimate_before(repro, True, 1, seeds, False) == (
+        "about 6 min (6 quick jobs, about a minute each, 1 at once)"
+    )
+    one = repro.only([repro.grids[0].name])
+    committed = pd.read_csv(REPO / "outputs" / "figures" / "ln_rnn" / "jobs.csv")
+    arms = committed[committed["arm"].str.startswith(f"{repro.grids[0].name}/")]
+    median = arms["wall_time_s"].median()
+    got = script.estimate_before(one, False, 1, script.default_seeds(False, "ln_rnn"), True)
+    assert got.startswith("about ") and f"the committed median {median:.0f} s a job" in got
+    assert script.estimate_before(repro, False, 1, None, False) == script.estimate("ln_rnn")
+
+
+def test_progress_lines_say_jobs_done_and_an_eta_as_jobs_finish(monkeypatch, capsys):
+    assert script.progress_line("x", 3, 10, 2, 120.0) == "x: jobs 3/10 done, ETA 7 min"
+    assert script.progress_line("x", 3, 10, 0, 5.0) == "x: jobs 3/10 done, ETA unknown"
+    finished = iter([1, 1, 2, 4, 4, 4, 4, 4, 4, 4, 4, 4])  # 1 reused, then 3 finish
+
+    def run(*args, **kw) -> float:
+        time.sleep(0.5)
+        return 1.0
+
+    monkeypatch.setattr(script, "job_total", lambda *a: 4)
+    monkeypatch.setattr(sweep, "runs", lambda *a: [None] * next(finished, 4))
+    monkeypatch.setattr(sweep, "run", run)
+    repro = REPRODUCTIONS["ln_rnn"]
+    assert script.run_showing_progress(repro, True, Path("."), 1, 1, None, every=0.02) == 1.0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(", ETA")[0] for line in lines] == [
+        "ln_rnn: jobs 2/4 done", "ln_rnn: jobs 4/4 done"
+    ]
+    assert lines[-1] == "ln_rnn: jobs 4/4 done, ETA 0 min"
 
 
 @pytest.mark.slow
