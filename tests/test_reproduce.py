@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -308,11 +309,16 @@ def test_quick_run_writes_evidence_reuses_its_jobs_and_redraws_the_same_md(
     subset = claims["claim"].str.contains("seeds that trained in both|at some lr")
     assert (claims[~subset]["n_seeds"] == 2).all() and (claims[subset]["n_seeds"] <= 2).all()
 
-    # a second invocation reuses every job (same config, same code) and draws the same md
+    # a second invocation, the md's Command: line as printed, reuses every job (same config,
+    # same code) and draws the same md; its redraw line, as printed, redraws it from runs.csv
+    text = (figures / f"{name}.md").read_text()
+    command = re.search(r"^Command: `python scripts/reproduce.py (.+?)`", text, re.M)[1].split()
+    again = re.search(r"`python scripts/reproduce.py ([^`]+)` redraws all from it", text)[1]
+    assert command == [name, "--quick"] and again.split() == [name, "--redraw", "--quick"]
     logs = sorted((tmp_path / "outputs" / "reproduce").rglob("csv/metrics.csv"))
     assert len(logs) == len(jobs)
     before = {p: p.stat().st_mtime_ns for p in logs}
-    second = reproduce(name, "--quick", root=tmp_path)
+    second = reproduce(*command, root=tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]
     assert (second.stderr + second.stdout).count("skipping finished job") == len(jobs)
     assert {p: p.stat().st_mtime_ns for p in logs} == before
@@ -321,7 +327,7 @@ def test_quick_run_writes_evidence_reuses_its_jobs_and_redraws_the_same_md(
     md = (figures / f"{name}.md").read_bytes()
     assert b"| yes |" in md and b"| no |" not in md
     (figures / f"{name}.md").unlink()
-    redraw = reproduce(name, "--quick", "--redraw", root=tmp_path)  # from runs.csv, no logs
+    redraw = reproduce(*again.split(), root=tmp_path)  # from runs.csv, no logs
     assert redraw.returncode == 0, redraw.stderr[-3000:]
     assert (figures / f"{name}.md").read_bytes() == md
 
