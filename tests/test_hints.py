@@ -3,14 +3,20 @@ the test that runs it; the hints no other test runs are run here, shrunk."""
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from normlab.callbacks.progress import Estimate
+from normlab.sweep.summary import read_summary
 
 REPO = Path(__file__).resolve().parents[1]
 HINTS = ("continue with:", "did you mean", "shorter: ", "Command: ", "redraws all from it")
@@ -49,3 +55,34 @@ def test_the_shorter_hint_runs_as_printed(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     last = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)
     assert last["global_step"] == 50 and last["epoch"] == 1  # one epoch of 50 batches
+
+
+@pytest.mark.slow
+def test_the_multirun_continue_line_resumes_the_sweep_as_printed(tmp_path):
+    args = ["train.py", "-m", "seed=0,1", "batch=64", "trainer.max_epochs=2",
+            "trainer.limit_train_batches=30", "trainer.limit_val_batches=2", "test=false",
+            "callbacks.last_checkpoint.every_n_train_steps=5",
+            f"hydra.sweep.dir={tmp_path}"]  # fmt: skip
+
+    def terminal() -> None:  # SIGINT as from a terminal (a background test may ignore it)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    proc = subprocess.Popen([sys.executable, *args], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=terminal)  # fmt: skip
+    deadline = time.time() + 300
+    while not list(tmp_path.glob("0_*/checkpoints/last.ckpt")):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl+C
+    err = proc.communicate(timeout=300)[1]
+    assert proc.returncode == 130, err[-3000:]
+    hints = [h for h in err.splitlines() if h.startswith("continue with: ")]
+    assert len(hints) == 1  # one line per interruption
+    argv = shlex.split(hints[0].removeprefix("continue with: "))
+    assert argv[:3] == ["python", "train.py", "-m"]
+    resumed = subprocess.run([sys.executable, *argv[1:]], cwd=REPO, capture_output=True,
+                             text=True, timeout=600)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [r["status"] for r in read_summary(tmp_path)] == ["ok", "ok"]
+    assert "resuming from" in next(tmp_path.glob("0_*/train.log")).read_text()
