@@ -147,7 +147,7 @@ def run_showing_progress(
     def finished() -> int:
         try:
             return len(sweep.runs(repro, quick, root, seeds))
-        except (OSError, ValueError):  # a summary mid-write: read it next time
+        except Exception:  # a log mid-write: read it next time (a progress line stops no run)
             return -1
 
     def watch() -> None:
