@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import shlex
 import signal
@@ -87,6 +88,9 @@ def estimate(name: str, jobs: int = 1) -> str | None:
     return f"about {_hours(total / parallel)} at --jobs {parallel} ({_hours(total)} of {source})"
 
 
+# normlab.run.task.OUTER_ENV (not imported: that module loads torch): set while the sweeps run,
+# so that an interrupted job leaves the continue line to this command
+OUTER_ENV = "NORMLAB_OUTER_COMMAND"
 QUICK_JOB_S = 60.0  # a --quick job: about a minute (--help says so)
 
 
@@ -161,11 +165,15 @@ def run_showing_progress(
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
+    outer = os.environ.get(OUTER_ENV)
+    os.environ[OUTER_ENV] = "1"  # the jobs leave the continue line to this command (or a card)
     try:
         return sweep.run(repro, quick, root, jobs, seeds, threads=threads)
     finally:
         stop.set()
         watcher.join(timeout=5)
+        if outer is None:
+            os.environ.pop(OUTER_ENV, None)
 
 
 def list_names() -> str:

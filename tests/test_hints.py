@@ -86,3 +86,41 @@ def test_the_multirun_continue_line_resumes_the_sweep_as_printed(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert [r["status"] for r in read_summary(tmp_path)] == ["ok", "ok"]
     assert "resuming from" in next(tmp_path.glob("0_*/train.log")).read_text()
+
+
+@pytest.mark.slow
+def test_a_cards_continue_line_finishes_the_card_as_printed(tmp_path):
+    cmd = ["scripts/reproduce.py", "card", "--norm", "meanonly", "--plugin", "examples.my_norm",
+           "--budget", "quick", "--slots", "bn_lenet", "--threads", "1", "--root", str(tmp_path)]
+    env = {**os.environ, "WANDB_MODE": "offline"}
+
+    def terminal() -> None:  # SIGINT as from a terminal (a background test may ignore it)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    proc = subprocess.Popen([sys.executable, *cmd], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=terminal)  # fmt: skip
+    deadline = time.time() + 600
+    while "ok" not in "".join(p.read_text() for p in tmp_path.rglob("summary.csv")):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl+C: the terminal signals the whole group
+    err = proc.communicate(timeout=300)[1]
+    assert proc.returncode == 130, err[-3000:]
+    assert err.count("continue with: ") == 1, err[-3000:]
+    argv = shlex.split(err.split("continue with: ")[1].splitlines()[0])
+    assert argv[:2] == ["python", "scripts/reproduce.py"]
+    again = subprocess.run([sys.executable, *argv[1:]], cwd=REPO, env=env, capture_output=True,
+                           text=True, timeout=900)  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "skipping finished job" in again.stdout + again.stderr  # continued, not restarted
+    assert (tmp_path / "outputs" / "cards" / "quick" / "meanonly.md").is_file()
+
+
+def test_reproduce_sets_the_variable_that_quiets_its_jobs_continue_lines():
+    from normlab.run import task
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    import reproduce
+
+    assert reproduce.OUTER_ENV == task.OUTER_ENV
