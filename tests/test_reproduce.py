@@ -743,6 +743,7 @@ def test_ctrl_c_stops_cleanly_and_the_next_invocation_continues(tmp_path: Path):
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err, err
+    assert err.count("continue with:") == 1, err  # the job's own line is left to this one
     assert err.strip().splitlines()[-1] == (
         f"continue with: python scripts/reproduce.py ln_rnn --quick --root {tmp_path}"
     )
