@@ -139,6 +139,15 @@ def run(norm: str, plugin: str | None, quick: bool, jobs: int, threads: int | No
     return write(norm, slots, fits, quick, root, plugin)
 
 
+def card_command(norm: str, plugin: str | None, quick: bool, slots: list[card.Slot]) -> str:
+    """The command that makes this card, as its md prints it: --slots when it has only some."""
+    cmd = f"python scripts/reproduce.py card --norm {norm}"
+    cmd += (f" --plugin {plugin}" if plugin else "") + (" --budget quick" if quick else "")
+    mine = list(dict.fromkeys(s.reproduction for s in slots))
+    every = {s.reproduction for s in card.slots(CONF)}
+    return cmd + (f" --slots {','.join(mine)}" if set(mine) != every else "")
+
+
 def write(norm: str, slots: list[card.Slot], fits: dict[str, str], quick: bool,
           root: Path, plugin: str | None = None) -> dict[str, Path]:  # fmt: skip
     """outputs/cards[/quick]/NORM.{md,csv,png} from the evidence."""
@@ -156,8 +165,7 @@ def write(norm: str, slots: list[card.Slot], fits: dict[str, str], quick: bool,
     frame.to_csv(paths["csv"], index=False, float_format=report.FLOAT)
     card.figure(norm, rows, paths["png"])
     how = ("read from the committed evidence (no training)" if builtin(norm, slots) else
-           f"`python scripts/reproduce.py card --norm {norm}"
-           + (f" --plugin {plugin}" if plugin else "") + (" --budget quick`" if quick else "`"))
+           f"`{card_command(norm, plugin, quick, slots)}`")  # fmt: skip
     header = [f"# Report card: {norm}", "", *([f"**{card.SMOKE}**", ""] if quick else []),
               f"![{safe}]({safe}.png)", "", f"Command: {how}  ",
               "Verdicts: the norm against each baseline, paired by seed, by the reproductions' "

@@ -30,10 +30,13 @@ those grids, and the evidence goes to NAME+X.* beside NAME's, the built-in arms'
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import re
 import shlex
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from functools import partial
@@ -83,6 +86,94 @@ def estimate(name: str, jobs: int = 1) -> str | None:
     if parallel == 1:
         return f"about {_hours(total)} ({source})"
     return f"about {_hours(total / parallel)} at --jobs {parallel} ({_hours(total)} of {source})"
+
+
+# normlab.run.task.OUTER_ENV (not imported: that module loads torch): set while the sweeps run,
+# so that an interrupted job leaves the continue line to this command
+OUTER_ENV = "NORMLAB_OUTER_COMMAND"
+QUICK_JOB_S = 60.0  # a --quick job: about a minute (--help says so)
+
+
+def job_total(repro: Reproduction, quick: bool, seeds: int | None) -> int:
+    """How many jobs the grids of repro make: the product of each grid's swept values."""
+    total = 0
+    for g in repro.grids:
+        values = sweep.grid_values(g, repro.budget(quick), quick, g.seed_count(seeds, quick))
+        total += math.prod(len(v) for v in values.values())
+    return total
+
+
+def estimate_before(
+    repro: Reproduction, quick: bool, jobs: int, seeds: int | None, partial_run: bool
+) -> str | None:
+    """What a run will take, said before it starts: the full run of NAME from its committed
+    wall times (estimate); --quick as about a minute a job; a --norm or --grids run as its jobs
+    at the committed median wall time of its grids' arms, over the jobs run at once."""
+    if not quick and not partial_run:
+        return estimate(repro.name, jobs)
+    count = job_total(repro, quick, seeds)
+    parallel = max(1, min(jobs, repro.max_jobs or jobs))
+    if quick:
+        took = _hours(count * QUICK_JOB_S / parallel)
+        return f"about {took} ({count} quick jobs, about a minute each, {parallel} at once)"
+    path = REPO / "outputs" / "figures" / repro.name / "jobs.csv"
+    if not path.is_file():
+        return None
+    committed = pd.read_csv(path)
+    names = tuple(f"{g.name}/" for g in repro.grids)
+    mine = committed[committed["arm"].astype(str).str.startswith(names)]["wall_time_s"].dropna()
+    walls = mine if len(mine) else committed["wall_time_s"].dropna()
+    per_job = float(walls.median())
+    return (
+        f"about {_hours(count * per_job / parallel)} ({count} jobs at the committed median "
+        f"{per_job:.0f} s a job of these grids' arms, {parallel} at once)"
+    )
+
+
+def progress_line(name: str, done: int, total: int, fresh: int, elapsed: float) -> str:
+    """`NAME: jobs k/N done, ETA T`: T is what is left at the pace of the jobs finished in this
+    run (elapsed over fresh); `ETA unknown` before the first of them."""
+    line = f"{name}: jobs {done}/{total} done"
+    if fresh <= 0:
+        return f"{line}, ETA unknown"
+    return f"{line}, ETA {_hours(max(total - done, 0) * elapsed / fresh)}"
+
+
+def run_showing_progress(
+    repro: Reproduction, quick: bool, root: Path, jobs: int, seeds: int | None,
+    threads: int | None, every: float = 15.0,
+) -> float:  # fmt: skip
+    """sweep.run, printing progress_line every `every` s when more jobs have finished (read
+    back from the grids' summaries, as the analysis reads them)."""
+    total = job_total(repro, quick, seeds)
+    start, stop = time.monotonic(), threading.Event()
+
+    def finished() -> int:
+        try:
+            return len(sweep.runs(repro, quick, root, seeds))
+        except Exception:  # a log mid-write: read it next time (a progress line stops no run)
+            return -1
+
+    def watch() -> None:
+        before = shown = max(finished(), 0)
+        while not stop.wait(every):
+            now = finished()
+            if now > shown:
+                shown = now
+                elapsed = time.monotonic() - start
+                print(progress_line(repro.name, now, total, now - before, elapsed), flush=True)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    outer = os.environ.get(OUTER_ENV)
+    os.environ[OUTER_ENV] = "1"  # the jobs leave the continue line to this command (or a card)
+    try:
+        return sweep.run(repro, quick, root, jobs, seeds, threads=threads)
+    finally:
+        stop.set()
+        watcher.join(timeout=5)
+        if outer is None:
+            os.environ.pop(OUTER_ENV, None)
 
 
 def list_names() -> str:
@@ -291,11 +382,11 @@ def reproduce(
             repro = repro.narrow(key, values, quick, seeds)
     except ValueError as err:
         raise SystemExit(str(err)) from None
-    took = None if quick or grids or norm or collect else estimate(name, jobs)
+    took = None if collect else estimate_before(repro, quick, jobs, seeds, bool(grids or norm))
     if took:
         print(f"{name}: {took}; finished jobs are reused", flush=True)
     # --collect: the finished jobs as they are (each keeps its own code version in jobs.csv)
-    seconds = 0.0 if collect else sweep.run(repro, quick, root, jobs, seeds, threads=threads)
+    seconds = 0.0 if collect else run_showing_progress(repro, quick, root, jobs, seeds, threads)
     runs = sweep.runs(repro, quick, root, seeds)
     if not runs:
         raise SystemExit(f"{name}: no jobs in {sweep.sweep_dir(root, name, quick)}")

@@ -128,7 +128,7 @@ def ctrl_c_in_fit(*args, **kwargs):
 def test_ctrl_c_says_what_was_saved_and_how_to_continue(
     part, during, wrote, left, tiny_bench, monkeypatch, capsys
 ):
-    monkeypatch.setattr(norms, "bench", lambda rounds: [{"norm": "x", "ms": 1.0}])
+    monkeypatch.setattr(norms, "bench", lambda rounds, tick=None: [{"norm": "x", "ms": 1.0}])
     monkeypatch.setattr(norms if during == "norms" else train, "bench", ctrl_c_in_fit)
     with pytest.raises(SystemExit) as exit_:
         bench.main([part, "--rounds", "1", "--out", str(tiny_bench)])
@@ -143,9 +143,35 @@ def test_ctrl_c_says_what_was_saved_and_how_to_continue(
 
 
 def test_an_error_that_is_not_a_signal_is_raised_as_it_is(tiny_bench, monkeypatch):
-    def broken(rounds):
+    def broken(rounds, tick=None):
         raise RuntimeError("a bug")
 
     monkeypatch.setattr(norms, "bench", broken)
     with pytest.raises(RuntimeError, match="a bug"):
         bench.main(["norms", "--out", str(tiny_bench)])
+
+
+def test_bench_says_how_long_first_then_done_and_eta_as_cases_end(tiny_bench, monkeypatch, capsys):
+    one = norms.norm_cases()[:1]  # one small case (the tiny CNN shape)
+    monkeypatch.setattr(norms, "norm_cases", lambda: one)
+    bench.main(["norms", "--rounds", "1", "--threads", "1"])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    first = next(i for i, line in enumerate(lines) if "estimate: about" in line)
+    assert "for 1 cases (1 rounds each" in lines[first]
+    assert first <= 1  # after the setting line, before any work
+    done = [line for line in lines if " done, ETA " in line]
+    assert done == ["1/1 done, ETA 0 s (cpu float32 4x8x3x3 batchnorm)"]
+
+
+def test_bench_eta_scales_what_is_left_by_the_measured_speed():
+    from normlab.bench import eta
+
+    said: list[str] = []
+    progress = eta.Progress({"a": 60.0, "b": 60.0, "c": 120.0}, said.append)
+    progress.planned_done, progress.done = 60.0, 1  # a ran twice as slow as planned
+    assert progress.line("a", elapsed=120.0) == "1/3 done, ETA 6 min (a)"
+    assert eta.estimate_line({"a": 60.0, "b": 60.0}, 2).startswith(
+        "estimate: about 2 min for 2 cases (2 rounds each"
+    )
+    planned = eta.plan("train", 2, ["train_py_default"])
+    assert list(planned) == ["train_py_default"] and planned["train_py_default"] > 60

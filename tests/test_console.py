@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 import torch
 from conftest import REPO, TINY
 
+from normlab import console
 from normlab.callbacks.progress import epoch_line
 from normlab.console import QUIET_LOGGERS
 
@@ -55,6 +57,43 @@ def test_trackers_warn_nothing_the_user_cannot_act_on(tmp_path):
     assert "anonymous setting has no effect" not in out  # wandb, for Lightning's anonymous=None
     assert "not found. Creating it." not in out  # MLflow's first run in a store
     assert list((tmp_path / "mlruns").iterdir())  # the MLflow run was written all the same
+
+
+WARNING_LINE = re.compile(r"\.py:\d+: |Warning\b")  # `path.py:N: text` (Lightning) or `XWarning`
+ADVISES = re.compile(r"\b(set|use|pass)\b", re.I)
+
+
+@pytest.mark.parametrize("multirun", [False, True])
+def test_every_warning_of_a_default_run_says_what_to_do(tmp_path, multirun):
+    shrunk = ["trainer.max_epochs=1", "trainer.limit_train_batches=5",
+              "trainer.limit_val_batches=2", "trainer.limit_test_batches=2"]  # fmt: skip
+    where = ["-m", "seed=0,1", f"hydra.sweep.dir={tmp_path}"] if multirun else [
+        f"hydra.run.dir={tmp_path}"
+    ]
+    proc = subprocess.run(
+        [sys.executable, "train.py", *where, *shrunk], cwd=REPO, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    warned = [line for line in proc.stderr.splitlines() if WARNING_LINE.search(line)]
+    assert warned  # 5 batches under the logging interval: Lightning warns
+    assert [line for line in warned if not ADVISES.search(line)] == []
+    assert all("trainer.log_every_n_steps=N" in line for line in warned)
+
+
+def test_advice_is_appended_once_to_the_warnings_it_names():
+    said = []
+    show = console.advised(lambda message, *rest: said.append(message))
+    text = (
+        "The number of training batches (5) is smaller than the logging interval "
+        "Trainer(log_every_n_steps=50)."
+    )
+    show(text, UserWarning, "fit_loop.py", 1)
+    show(said[0], UserWarning, "fit_loop.py", 1)  # already advised: as it is
+    show("something else", UserWarning, "x.py", 1)
+    assert said[0] == said[1] == f"{text} (normlab: {console.ADVICE[0][1]})"
+    assert said[2] == "something else"
+    assert console.advised(show) is not show and show.advised
 
 
 def test_train_py_quiets_alembic_before_an_optuna_search_starts():

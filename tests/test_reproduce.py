@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -289,6 +290,7 @@ def test_quick_run_writes_evidence_reuses_its_jobs_and_redraws_the_same_md(
     # beside two trainings); reproduce.py's joblib path runs in the user's-norm test below
     done = reproduce(name, "--quick", root=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "quick jobs, about a minute each" in done.stdout.splitlines()[0]  # said first
     figures = tmp_path / "outputs" / "figures" / "quick"
     files = [figures / f"{name}.{ext}" for ext in ("png", "svg", "md", "claims.csv")]
     files += [figures / name / "runs.csv", figures / name / "jobs.csv"]
@@ -307,11 +309,16 @@ def test_quick_run_writes_evidence_reuses_its_jobs_and_redraws_the_same_md(
     subset = claims["claim"].str.contains("seeds that trained in both|at some lr")
     assert (claims[~subset]["n_seeds"] == 2).all() and (claims[subset]["n_seeds"] <= 2).all()
 
-    # a second invocation reuses every job (same config, same code) and draws the same md
+    # a second invocation, the md's Command: line as printed, reuses every job (same config,
+    # same code) and draws the same md; its redraw line, as printed, redraws it from runs.csv
+    text = (figures / f"{name}.md").read_text()
+    command = re.search(r"^Command: `python scripts/reproduce.py (.+?)`", text, re.M)[1].split()
+    again = re.search(r"`python scripts/reproduce.py ([^`]+)` redraws all from it", text)[1]
+    assert command == [name, "--quick"] and again.split() == [name, "--redraw", "--quick"]
     logs = sorted((tmp_path / "outputs" / "reproduce").rglob("csv/metrics.csv"))
     assert len(logs) == len(jobs)
     before = {p: p.stat().st_mtime_ns for p in logs}
-    second = reproduce(name, "--quick", root=tmp_path)
+    second = reproduce(*command, root=tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]
     assert (second.stderr + second.stdout).count("skipping finished job") == len(jobs)
     assert {p: p.stat().st_mtime_ns for p in logs} == before
@@ -320,7 +327,7 @@ def test_quick_run_writes_evidence_reuses_its_jobs_and_redraws_the_same_md(
     md = (figures / f"{name}.md").read_bytes()
     assert b"| yes |" in md and b"| no |" not in md
     (figures / f"{name}.md").unlink()
-    redraw = reproduce(name, "--quick", "--redraw", root=tmp_path)  # from runs.csv, no logs
+    redraw = reproduce(*again.split(), root=tmp_path)  # from runs.csv, no logs
     assert redraw.returncode == 0, redraw.stderr[-3000:]
     assert (figures / f"{name}.md").read_bytes() == md
 
@@ -680,6 +687,43 @@ def test_estimate_is_the_committed_wall_time_over_the_parallel_jobs():
     assert f"    time (full): {script.estimate('bn_lenet')}\n" in listed.stdout
 
 
+def test_quick_norm_and_grids_runs_say_how_long_first():
+    repro = REPRODUCTIONS["ln_rnn"]
+    seeds = script.default_seeds(True, "ln_rnn")
+    assert script.job_total(repro, True, seeds) == 6  # pilot 2 (seed 0), main 4
+    assert script.estimate_before(repro, True, 1, seeds, False) == (
+        "about 6 min (6 quick jobs, about a minute each, 1 at once)"
+    )
+    one = repro.only([repro.grids[0].name])
+    committed = pd.read_csv(REPO / "outputs" / "figures" / "ln_rnn" / "jobs.csv")
+    arms = committed[committed["arm"].str.startswith(f"{repro.grids[0].name}/")]
+    median = arms["wall_time_s"].median()
+    got = script.estimate_before(one, False, 1, script.default_seeds(False, "ln_rnn"), True)
+    assert got.startswith("about ") and f"the committed median {median:.0f} s a job" in got
+    assert script.estimate_before(repro, False, 1, None, False) == script.estimate("ln_rnn")
+
+
+def test_progress_lines_say_jobs_done_and_an_eta_as_jobs_finish(monkeypatch, capsys):
+    assert script.progress_line("x", 3, 10, 2, 120.0) == "x: jobs 3/10 done, ETA 7 min"
+    assert script.progress_line("x", 3, 10, 0, 5.0) == "x: jobs 3/10 done, ETA unknown"
+    finished = iter([1, 1, 2, 4, 4, 4, 4, 4, 4, 4, 4, 4])  # 1 reused, then 3 finish
+
+    def run(*args, **kw) -> float:
+        time.sleep(0.5)
+        return 1.0
+
+    monkeypatch.setattr(script, "job_total", lambda *a: 4)
+    monkeypatch.setattr(sweep, "runs", lambda *a: [None] * next(finished, 4))
+    monkeypatch.setattr(sweep, "run", run)
+    repro = REPRODUCTIONS["ln_rnn"]
+    assert script.run_showing_progress(repro, True, Path("."), 1, 1, None, every=0.02) == 1.0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(", ETA")[0] for line in lines] == [
+        "ln_rnn: jobs 2/4 done", "ln_rnn: jobs 4/4 done"
+    ]
+    assert lines[-1] == "ln_rnn: jobs 4/4 done, ETA 0 min"
+
+
 @pytest.mark.slow
 def test_ctrl_c_stops_cleanly_and_the_next_invocation_continues(tmp_path: Path):
     cmd = [*SCRIPT, "ln_rnn", "--quick", "--root", str(tmp_path)]
@@ -699,6 +743,7 @@ def test_ctrl_c_stops_cleanly_and_the_next_invocation_continues(tmp_path: Path):
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err, err
+    assert err.count("continue with:") == 1, err  # the job's own line is left to this one
     assert err.strip().splitlines()[-1] == (
         f"continue with: python scripts/reproduce.py ln_rnn --quick --root {tmp_path}"
     )

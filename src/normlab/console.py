@@ -10,7 +10,9 @@ handlers, so each line is printed once and still reaches Hydra's log file.
 from __future__ import annotations
 
 import logging
+import re
 import warnings
+from collections.abc import Callable
 
 # loggers that may carry a console handler of Lightning's own
 LIGHTNING_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric")
@@ -33,6 +35,30 @@ IGNORED_WARNINGS = (
     # Lightning's own _pytree helper builds torch's deprecated LeafSpec on every fit
     (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning),
 )
+
+# (message regex, what to do in this config's terms) of warnings the user can act on: said as
+# an override, which Lightning's own text (a Trainer argument) does not
+ADVICE = (
+    (
+        r"is smaller than the logging interval Trainer\(log_every_n_steps=",
+        "set trainer.log_every_n_steps=N, N at most the training batches of an epoch, or "
+        "ignore this: the metrics logged per epoch are logged all the same",
+    ),
+)
+
+
+def advised(show: Callable[..., None]) -> Callable[..., None]:
+    """warnings.showwarning that appends ADVICE's text to the warnings it names."""
+
+    def showwarning(message, category, filename, lineno, file=None, line=None) -> None:
+        text = str(message)
+        for pattern, advice in ADVICE:
+            if re.search(pattern, text) and advice not in text:
+                text = f"{text} (normlab: {advice})"
+        show(text, category, filename, lineno, file, line)
+
+    showwarning.advised = True  # type: ignore[attr-defined]
+    return showwarning
 
 
 class DropLines(logging.Filter):
@@ -68,3 +94,5 @@ def configure() -> None:
             logger.addFilter(DropLines(text))
     for message, category in IGNORED_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category)
+    if not getattr(warnings.showwarning, "advised", False):
+        warnings.showwarning = advised(warnings.showwarning)

@@ -86,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     import torch
 
-    from normlab.bench import norms, train
+    from normlab.bench import eta, norms, train
     from normlab.tables import markdown_table
 
     args = _parser().parse_args(argv)
@@ -108,6 +108,9 @@ def main(argv: list[str] | None = None) -> None:
     out = args.out or (OUT / "keep_heap" if args.keep_heap else OUT)  # default: by heap setting
 
     saved: list[str] = []  # the parts whose tables are written
+    cases = eta.plan(args.part, args.rounds, args.train_cases)
+    print(eta.estimate_line(cases, args.rounds), flush=True)
+    progress = eta.Progress(cases, lambda line: print(line, flush=True))
 
     def report(part: str, title: str, rows: list[dict], cols: list[str], note: str = "") -> None:
         """Print the table; write <out>/<part>.csv and <part>.md (with the command, setting and
@@ -122,9 +125,10 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         if args.part in ("norms", "all"):
-            report("norms", norms.TITLE, norms.bench(args.rounds or norms.ROUNDS), norms.COLUMNS)
+            rows = norms.bench(args.rounds or norms.ROUNDS, progress.tick)
+            report("norms", norms.TITLE, rows, norms.COLUMNS)
         if args.part in ("train", "all"):
-            rows = train.bench(args.rounds or train.ROUNDS, args.train_cases)
+            rows = train.bench(args.rounds or train.ROUNDS, args.train_cases, progress.tick)
             report("train", train.TITLE, rows, train.COLUMNS, train.HEAP_NOTE)
     except BaseException as err:  # Ctrl+C (Lightning turns one inside fit into sys.exit(1))
         from normlab.loggers import killed_by

@@ -183,8 +183,8 @@ def _rows(case: NormCase, device: str, dtype: torch.dtype, layers: dict[str, nn.
     return rows
 
 
-def bench(rounds: int) -> list[dict]:
-    """A row per layer of every case, at every device and dtype."""
+def bench(rounds: int, tick: Callable[[str], None] | None = None) -> list[dict]:
+    """A row per layer of every case, at every device and dtype; tick(case) as each ends."""
     from normlab.norms import _fused_rms
 
     fused = _fused_rms.available()  # build the fused kernel before any timing
@@ -198,4 +198,6 @@ def bench(rounds: int) -> list[dict]:
             rows += _norm_rows(case, device, dtype, rounds)
             last = rows[-1]
             print(f"  {device} {last['dtype']} {last['shape']} {case.name}: done", flush=True)
+            if tick:
+                tick(f"{device} {last['dtype']} {last['shape']} {case.name}")
     return rows

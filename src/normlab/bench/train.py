@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch.nn.functional as F
@@ -30,6 +31,7 @@ import torch.nn.functional as F
 from normlab.bench.timing import PairedSteps, StepTimer, median_ms
 
 REPO = Path(__file__).resolve().parents[3]
+Tick = Callable[[str], None] | None  # called with a case's name as it ends
 TRAIN_TARGET, END_TO_END_TARGET = 1.05, 1.15
 ROUNDS = 5  # the default rounds of each case
 COLUMNS = ["case", "measure", "steps", "hand_s", "normlab_s", "ratio", "per_run", "target",
@@ -189,7 +191,7 @@ def run_paired(overrides: list[str], max_steps: int | None) -> dict[str, float]:
     }
 
 
-def in_process(rounds: int, names: list[str] | None = None) -> list[dict]:
+def in_process(rounds: int, names: list[str] | None = None, tick: Tick = None) -> list[dict]:
     """The rows of TRAIN_CASES (all, or those in names): MEASURES of each."""
     rows = []
     for name, (overrides, steps) in TRAIN_CASES.items():
@@ -227,6 +229,8 @@ def in_process(rounds: int, names: list[str] | None = None) -> list[dict]:
                 "note": EXTRA_WORK.get(name, ""),
             })  # fmt: skip
             print(f"  {name} {key}: {rows[-1]['ratio']}x", flush=True)
+        if tick:
+            tick(name)
     return rows
 
 
@@ -274,7 +278,7 @@ def run_end_to_end(overrides: list[str], rounds: int) -> dict[str, object]:
     return {"times": times, "ratios": each, "hand": hand, "ours": ours}
 
 
-def end_to_end(rounds: int, names: list[str] | None = None) -> list[dict]:
+def end_to_end(rounds: int, names: list[str] | None = None, tick: Tick = None) -> list[dict]:
     """The rows of END_TO_END (all, or those in names)."""
     rows = []
     for name, overrides in END_TO_END.items():
@@ -304,10 +308,12 @@ def end_to_end(rounds: int, names: list[str] | None = None) -> list[dict]:
             "note": acc,
         })  # fmt: skip
         print(f"  {name} end to end: {rows[-1]['ratio']}x", flush=True)
+        if tick:
+            tick(name)
     return rows
 
 
-def bench(rounds: int, names: list[str] | None = None) -> list[dict]:
+def bench(rounds: int, names: list[str] | None = None, tick: Tick = None) -> list[dict]:
     """The training rows: TRAIN_CASES in this process (at its torch threads), then END_TO_END
     as processes, each run as typed (torch's default threads)."""
-    return in_process(rounds, names) + end_to_end(rounds, names)
+    return in_process(rounds, names, tick) + end_to_end(rounds, names, tick)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import shlex
 import signal
 import sys
@@ -59,7 +60,10 @@ def main(cfg: DictConfig, validated: bool = False) -> float | None:
         if held is not None and held.job:
             rundir.release()  # its dir is free for the command that continues it
         if not rundir.other_rank():
-            print(interrupted(cfg, hc, signum), file=sys.stderr)
+            text = interrupted(cfg, hc, signum)
+            if os.environ.get(OUTER_ENV):  # one continue line per interruption: the outer one
+                text = text.split("\ncontinue with:")[0]
+            print(text, file=sys.stderr)
         raise SystemExit(128 + signum) from None
 
 
@@ -113,6 +117,11 @@ def _resume_point(cfg: DictConfig, held: rundir.Guard | None, overrides: str) ->
     with open_dict(cfg):
         cfg.ckpt_path = LAST
     return checkpoint
+
+
+# set by a command that runs train.py and prints its own continue line (scripts/reproduce.py):
+# an interrupted run then says where it is, not how to continue it alone
+OUTER_ENV = "NORMLAB_OUTER_COMMAND"
 
 
 def interrupted(cfg: DictConfig, hc: Any, signum: int) -> str:

@@ -1,0 +1,126 @@
+"""Every hint the code prints is in docs/reliability.md's table ("Every hint, as printed") with
+the test that runs it; the hints no other test runs are run here, shrunk."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from normlab.callbacks.progress import Estimate
+from normlab.sweep.summary import read_summary
+
+REPO = Path(__file__).resolve().parents[1]
+HINTS = ("continue with:", "did you mean", "shorter: ", "Command: ", "redraws all from it")
+
+
+def table() -> str:
+    text = (REPO / "docs" / "reliability.md").read_text()
+    return text.split("## Every hint, as printed", 1)[1]
+
+
+def code(path: Path) -> str:
+    """The file's string literals' text as far as a search needs: comments cut off."""
+    return "\n".join(line.split("#")[0] for line in path.read_text().splitlines())
+
+
+def test_the_hint_table_names_every_file_that_prints_a_hint_and_tests_that_exist():
+    rows = table()
+    files = [*REPO.glob("src/normlab/**/*.py"), *REPO.glob("scripts/*.py"), REPO / "train.py"]
+    printing = {str(p.relative_to(REPO)) for p in files if any(h in code(p) for h in HINTS)}
+    assert printing  # the search finds them
+    assert not [f for f in sorted(printing) if f"| {f}" not in rows]
+    for path, name in re.findall(r"(tests/test_\w+\.py)::(\w+)", rows):
+        assert re.search(rf"^def {name}\(", (REPO / path).read_text(), re.M), (path, name)
+
+
+def test_the_shorter_hint_runs_as_printed(tmp_path):
+    line = Estimate(steps=2140, step_s=0.5, epochs=10, epoch_steps=214, val_s=1.0, threads=2).line()
+    hints = re.findall(r"(\S+=\d+) \(about", line.split("shorter: ")[1])
+    assert hints == ["trainer.max_epochs=1", "trainer.limit_train_batches=50"]
+    assert "num_threads=1 is often" in line
+    shrunk = ["trainer.limit_val_batches=2", "trainer.limit_test_batches=2", "num_threads=1"]
+    done = subprocess.run(
+        [sys.executable, "train.py", *hints, *shrunk, f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    last = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert last["global_step"] == 50 and last["epoch"] == 1  # one epoch of 50 batches
+
+
+@pytest.mark.slow
+def test_the_multirun_continue_line_resumes_the_sweep_as_printed(tmp_path):
+    args = ["train.py", "-m", "seed=0,1", "batch=64", "trainer.max_epochs=2",
+            "trainer.limit_train_batches=30", "trainer.limit_val_batches=2", "test=false",
+            "callbacks.last_checkpoint.every_n_train_steps=5",
+            f"hydra.sweep.dir={tmp_path}"]  # fmt: skip
+
+    def terminal() -> None:  # SIGINT as from a terminal (a background test may ignore it)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    proc = subprocess.Popen([sys.executable, *args], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=terminal)  # fmt: skip
+    deadline = time.time() + 300
+    while not list(tmp_path.glob("0_*/checkpoints/last.ckpt")):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl+C
+    err = proc.communicate(timeout=300)[1]
+    assert proc.returncode == 130, err[-3000:]
+    hints = [h for h in err.splitlines() if h.startswith("continue with: ")]
+    assert len(hints) == 1  # one line per interruption
+    argv = shlex.split(hints[0].removeprefix("continue with: "))
+    assert argv[:3] == ["python", "train.py", "-m"]
+    resumed = subprocess.run([sys.executable, *argv[1:]], cwd=REPO, capture_output=True,
+                             text=True, timeout=600)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [r["status"] for r in read_summary(tmp_path)] == ["ok", "ok"]
+    assert "resuming from" in next(tmp_path.glob("0_*/train.log")).read_text()
+
+
+@pytest.mark.slow
+def test_a_cards_continue_line_finishes_the_card_as_printed(tmp_path):
+    cmd = ["scripts/reproduce.py", "card", "--norm", "meanonly", "--plugin", "examples.my_norm",
+           "--budget", "quick", "--slots", "bn_lenet", "--threads", "1", "--root", str(tmp_path)]
+    env = {**os.environ, "WANDB_MODE": "offline"}
+
+    def terminal() -> None:  # SIGINT as from a terminal (a background test may ignore it)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    proc = subprocess.Popen([sys.executable, *cmd], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=terminal)  # fmt: skip
+    deadline = time.time() + 600
+    while "ok" not in "".join(p.read_text() for p in tmp_path.rglob("summary.csv")):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl+C: the terminal signals the whole group
+    err = proc.communicate(timeout=300)[1]
+    assert proc.returncode == 130, err[-3000:]
+    assert err.count("continue with: ") == 1, err[-3000:]
+    argv = shlex.split(err.split("continue with: ")[1].splitlines()[0])
+    assert argv[:2] == ["python", "scripts/reproduce.py"]
+    again = subprocess.run([sys.executable, *argv[1:]], cwd=REPO, env=env, capture_output=True,
+                           text=True, timeout=900)  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "skipping finished job" in again.stdout + again.stderr  # continued, not restarted
+    assert (tmp_path / "outputs" / "cards" / "quick" / "meanonly.md").is_file()
+
+
+def test_reproduce_sets_the_variable_that_quiets_its_jobs_continue_lines():
+    from normlab.run import task
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    import reproduce
+
+    assert reproduce.OUTER_ENV == task.OUTER_ENV
