@@ -462,7 +462,7 @@ def test_with_norm_adds_a_users_norm_to_the_grids_that_compare_norms():
         "norm=custom", "norm.name=meanonly", "plugins=[examples.my_norm]", "arm=gpt/meanonly"
     )  # fmt: skip
     with pytest.raises(ValueError, match="fixed arms"):
-        REPRODUCTIONS["ln_rnn"].with_norm("meanonly", None)
+        REPRODUCTIONS["deepnorm_depth"].with_norm("meanonly", None)
     with pytest.raises(ValueError, match="registered norm"):
         REPRODUCTIONS["dyt_vs_ln"].with_norm("x y", None)
     assert [g.name for g in repro.only(["gpt-meanonly"]).grids] == ["gpt-meanonly"]

@@ -167,7 +167,7 @@ def test_download_is_checked_and_atomic(tmp_path):
         bad.prepare_data()
     assert not any((tmp_path / "bad" / "tinyshakespeare").iterdir())  # nothing left behind
     offline = ShakespeareDataModule(str(tmp_path / "off"), 4, ctx=8, url=(tmp_path / "no").as_uri())
-    with pytest.raises(DataError, match="Put input.txt there"):
+    with pytest.raises(DataError, match="put input.txt there"):
         offline.prepare_data()
 
 
