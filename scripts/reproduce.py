@@ -665,6 +665,8 @@ def _run(args: argparse.Namespace, names: list[str], grids: list[str] | None,
                 raise
             print(f"{name}: FAILED: {err}", file=sys.stderr, flush=True)
             failed.append(name)
+    if interrupt.requested:  # a Ctrl+C its jobs swallowed (one landing in a teardown, say):
+        raise KeyboardInterrupt  # it still stops here and says how to continue
     if len(names) > 1:
         print(f"all: {time.time() - start:.0f} s; failed: {failed or 'none'}")
     if failed:
