@@ -87,10 +87,6 @@ def estimate(slots: list[card.Slot], quick: bool) -> tuple[float, list[float]]:
     return sum(per_slot), per_slot
 
 
-def _hours(seconds: float) -> str:
-    return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min"
-
-
 def _evidence(slot: card.Slot, norm: str, quick: bool, root: Path) -> pd.DataFrame:
     """The committed runs.csv of the slot's reproduction (the baselines), with the norm's own
     rows from NAME+norm's (a trained card) where they exist."""
@@ -109,6 +105,8 @@ def run(norm: str, plugin: str | None, quick: bool, jobs: int, threads: int | No
     reproductions), then write its card."""
     import reproduce  # scripts/: the sweeps and the evidence's landing
 
+    hours = reproduce._hours  # one home for how a time reads
+
     slots = card.slots(CONF)
     unknown = sorted(set(only or ()) - {s.reproduction for s in slots})
     if unknown:
@@ -121,7 +119,7 @@ def run(norm: str, plugin: str | None, quick: bool, jobs: int, threads: int | No
     if not builtin(norm, slots):
         total, each = estimate(todo, quick)
         print(f"card {norm}: {len(todo)} slots to train ({len(slots) - len(todo)} not "
-              f"applicable), about {_hours(total)} of one core (from the committed jobs' wall "
+              f"applicable), about {hours(total)} of one core (from the committed jobs' wall "
               f"times){'; smoke: not evidence' if quick else ''}", flush=True)  # fmt: skip
         start, done = time.time(), 0.0
         for k, (s, secs) in enumerate(zip(todo, each, strict=True), 1):
@@ -132,7 +130,7 @@ def run(norm: str, plugin: str | None, quick: bool, jobs: int, threads: int | No
             spent = time.time() - start
             left = spent / done * (total - done) if done else 0.0
             print(f"card {norm}: slot {k}/{len(todo)} done ({s.reproduction}: {s.title}); "
-                  f"{_hours(spent)} so far, about {_hours(left)} left", flush=True)
+                  f"{hours(spent)} so far, about {hours(left)} left", flush=True)
     note = changed(slots, norm)
     if note:
         print(note, flush=True)
@@ -177,15 +175,20 @@ def write(norm: str, slots: list[card.Slot], fits: dict[str, str], quick: bool,
     return paths
 
 
-def versions(slots: list[card.Slot], norm: str) -> str:
-    """Which training-code versions the baselines' committed jobs ran: the card reads them as
-    committed, and `run` says on the console where today's code differs."""
+def baseline_versions(slots: list[card.Slot], norm: str) -> dict[str, set[str]]:
+    """The training-code versions the baselines' committed jobs ran -> the reproductions."""
     seen: dict[str, set[str]] = {}
     for s in slots:
         jobs = pd.read_csv(REPO / "outputs" / "figures" / s.reproduction / "jobs.csv")
         arms = [s.arm(b) for b in s.baselines if b != norm]
         for v in jobs[jobs["arm"].isin(arms)]["code_version"].dropna().astype(str):
             seen.setdefault(v, set()).add(s.reproduction)
+    return seen
+
+
+def versions(slots: list[card.Slot], norm: str) -> str:
+    """The card md's line on its baselines: read as committed, from the versions they ran."""
+    seen = baseline_versions(slots, norm)
     listed = "; ".join(f"{v} ({', '.join(sorted(r))})" for v, r in sorted(seen.items()))
     return (f"Baselines: the committed jobs, training code {listed} (normlab.identity); "
             "read as committed, never retrained by a card (to retrain a baseline: "
@@ -197,10 +200,10 @@ def changed(slots: list[card.Slot], norm: str) -> str:
     from normlab.identity import code_version
 
     now = code_version()
-    text = versions(slots, norm)
-    return "" if f"{now} (" in text and text.count(" (") == 1 else (
-        f"card {norm}: today's training code is {now}; the baselines are read as committed, "
-        "from the versions its md lists")
+    if set(baseline_versions(slots, norm)) <= {now}:
+        return ""
+    return (f"card {norm}: today's training code is {now}; the baselines are read as committed, "
+            "from the versions its md lists")
 
 
 def leaderboard(root: Path, norms: tuple[str, ...] = ("batchnorm", "layernorm", "groupnorm",
