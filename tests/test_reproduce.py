@@ -552,6 +552,25 @@ def test_subset_runs_part_of_a_grid_as_the_grids_own_jobs():
         repro.only(["pilot/allconv/bn"]).narrow("seed", ["1"], False, 3)
 
 
+def test_subset_reads_a_jobs_rows_from_its_arm_name_without_job_rows():
+    """A reproduction whose grids' arms name the swept key (dit_conditioning's
+    `${model.net.conditioning}`, `deep/${model.net.conditioning}`) needs no job_rows: --subset
+    replaces the rows whose arm reads one of the values back, at every depth, and no other."""
+    repro = REPRODUCTIONS["dit_conditioning"]
+    key, values = "model.net.conditioning", ["adaln_zero", "adaln"]
+    narrowed = repro.narrow(key, values, quick=False)
+    assert all(f"{key}=adaln_zero,adaln" in g.overrides for g in narrowed.grids)
+    arms = ["adaln_zero", "adaln", "cross_attn", "deep/adaln", "deep/in_context", "in_context"]
+    data = pd.DataFrame({"arm": arms * 2, "seed": [0] * 6 + [3] * 6})
+    rows = narrowed.rows_at(data, [(key, values), ("seed", ["3"])])
+    assert data[rows].to_dict("list") == {"arm": ["adaln_zero", "adaln", "deep/adaln"],
+                                          "seed": [3, 3, 3]}  # fmt: skip
+    with pytest.raises(ValueError, match="in_contxt is not among"):
+        repro.narrow(key, ["in_contxt"], quick=False)
+    assert sweep._arm_pattern("${a}/lr${b}/w${c}", "b") == ".+?/lr(?P<v>.+?)/w.+?"
+    assert sweep._arm_pattern("${a}/d${b}", "c") is None
+
+
 def test_hydra_keeps_a_sweep_keys_place_when_the_command_line_narrows_it():
     """What --subset's job identity rests on: the basic sweeper puts a key given again on the
     command line where the experiment's sweeper params put it, so the jobs' overrides (their

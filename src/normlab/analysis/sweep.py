@@ -120,9 +120,10 @@ class Reproduction:
         if key == "seed":
             grids = tuple(_seeds_of(g, values, quick, seeds) for g in self.grids)
             return replace(self, grids=grids)
-        if self.job_rows is None:
+        if self.job_rows is None and not all(_arm_pattern(g.arm, key) for g in self.grids):
             raise ValueError(f"{self.name}: --subset needs its analysis to say which rows a job "
-                             "wrote (job_rows in its conf/reproduce yaml)")  # fmt: skip
+                             f"wrote (job_rows in its conf/reproduce yaml), or every grid's arm "
+                             f"to name {key} (${{{key}}})")  # fmt: skip
         grids = []
         for g in self.grids:
             declared = grid_values(g, self.budget(quick), quick).get(key)
@@ -138,13 +139,30 @@ class Reproduction:
 
     def rows_at(self, data: pd.DataFrame, subset: Sequence[tuple[str, list[str]]]) -> pd.Series:
         """Which rows of a runs.csv came from the jobs `narrow` keeps for every (key, values) of
-        `subset`: a row's seed for seed, the analysis's job_rows for a swept key."""
+        `subset`: a row's seed for seed, the analysis's job_rows for a swept key, else the rows
+        whose arm names one of the values where the grids' arms name the key."""
         mask = pd.Series(True, index=data.index)
         for key, values in subset:
             if key == "seed":
                 mask &= data["seed"].isin([int(v) for v in values])
+            elif self.job_rows is not None:
+                mask &= self.job_rows(data, key, values)
             else:
-                mask &= self.job_rows(data, key, values)  # type: ignore[misc]  # narrow checked
+                mask &= self.named_rows(data, key, values)
+        return mask
+
+    def named_rows(self, data: pd.DataFrame, key: str, values: list[str]) -> pd.Series:
+        """The rows whose arm is a grid's arm at one of `values` of `key` (its `${key}` read
+        back from the arm's name, e.g. dit_conditioning's `deep/${model.net.conditioning}`)."""
+        mask = pd.Series(False, index=data.index)
+        for g in self.grids:
+            pattern = _arm_pattern(g.arm, key)
+            if pattern is None:
+                raise ValueError(f"{self.name}: grid {g.name or 'main'}'s arm {g.arm} does not "
+                                 f"name {key}")  # fmt: skip
+            named = data["arm"].astype(str).str.extract(f"^{pattern}$")["v"]
+            mask |= named.map(lambda x: isinstance(x, str)
+                              and any(same_value(x, v) for v in values))  # fmt: skip
         return mask
 
     def with_norm(self, norm: str, plugin: str | None,
@@ -169,6 +187,19 @@ class Reproduction:
             for g in firsts.values()
         )  # fmt: skip
         return replace(self, grids=self.grids + added)
+
+
+def _arm_pattern(arm: str, key: str) -> str | None:
+    """A regex matching an arm name rendered from the template `arm`, its `${key}` captured
+    as `v` (any other interpolation matched loosely); None if `arm` does not name `key`."""
+    token = "${" + key + "}"
+    if token not in arm:
+        return None
+    parts = re.split(r"(\$\{[^}]*\})", arm)
+    first = parts.index(token)
+    return "".join("(?P<v>.+?)" if i == first else "(?P=v)" if p == token
+                   else ".+?" if p.startswith("${") else re.escape(p)
+                   for i, p in enumerate(parts))  # fmt: skip
 
 
 def norm_arm(grid: str, norm: str) -> str:
