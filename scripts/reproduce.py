@@ -150,7 +150,8 @@ def run_showing_progress(
 
     def finished() -> int:
         try:
-            return len(sweep.runs(repro, quick, root, seeds))
+            # a job's summary row is written at its start ('running'): done once it ended
+            return sum(r.status != "running" for r in sweep.runs(repro, quick, root, seeds))
         except Exception:  # a log mid-write: read it next time (a progress line stops no run)
             return -1
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -725,14 +726,19 @@ def test_quick_norm_and_grids_runs_say_how_long_first():
 def test_progress_lines_say_jobs_done_and_an_eta_as_jobs_finish(monkeypatch, capsys):
     assert script.progress_line("x", 3, 10, 2, 120.0) == "x: jobs 3/10 done, ETA 7 min"
     assert script.progress_line("x", 3, 10, 0, 5.0) == "x: jobs 3/10 done, ETA unknown"
-    finished = iter([1, 1, 2, 4, 4, 4, 4, 4, 4, 4, 4, 4])  # 1 reused, then 3 finish
+    # 1 reused, then 3 finish; a job's row reads 'running' from its start to its end
+    finished = iter([(1, 0), (1, 1), (2, 1), (4, 0)])
 
     def run(*args, **kw) -> float:
         time.sleep(0.5)
         return 1.0
 
     monkeypatch.setattr(script, "job_total", lambda *a: 4)
-    monkeypatch.setattr(sweep, "runs", lambda *a: [None] * next(finished, 4))
+    def runs(*args) -> list[SimpleNamespace]:
+        done, running = next(finished, (4, 0))
+        return [SimpleNamespace(status="ok")] * done + [SimpleNamespace(status="running")] * running
+
+    monkeypatch.setattr(sweep, "runs", runs)
     monkeypatch.setattr(sweep, "run", run)
     repro = REPRODUCTIONS["ln_rnn"]
     assert script.run_showing_progress(repro, True, Path("."), 1, 1, None, every=0.02) == 1.0
