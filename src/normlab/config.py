@@ -236,6 +236,10 @@ def validate(cfg: DictConfig) -> None:
     warmup = OmegaConf.select(cfg, "optim.warmup_steps")
     if warmup is not None and (not isinstance(warmup, int) or warmup < 0):
         raise ConfigError(f"optim.warmup_steps must be an integer >= 0, got {warmup!r}")
+    schedule, ratio = (OmegaConf.select(cfg, f"optim.{k}") for k in ("schedule", "min_lr_ratio"))
+    if schedule == "exponential" and not (isinstance(ratio, (int, float)) and 0 < ratio < 1):
+        raise ConfigError(f"optim.schedule=exponential decays to optim.min_lr_ratio, which must "
+                          f"lie in (0, 1), got {ratio!r}")  # fmt: skip
     epochs = OmegaConf.select(cfg, "trainer.max_epochs")
     if epochs is not None and epochs != -1 and (not isinstance(epochs, int) or epochs <= 0):
         raise ConfigError(f"trainer.max_epochs must be a positive integer, got {epochs!r}")

@@ -50,7 +50,7 @@ MIN_POINTS = 10  # a constant-lr window's logged points: fewer, and the gate is 
 BUDGET = (0.8, 1.0)  # the budget test reads its quantity at 80% and 100% of the steps
 LR_END = "gate/lr_end"  # runs.csv: a job's lr at its last step over its peak (its schedule)
 DECAYS = "gate/lr_decays"  # runs.csv: 1 where the schedule decays to a floor at its end (cosine)
-FLOORED = ("cosine",)  # the schedules that end at their floor (optim.min_lr_ratio) by design
+FLOORED = ("cosine", "exponential")  # the schedules that end at their floor (min_lr_ratio)
 WINDOWS = ((0.7, 0.8), (0.9, 1.0))  # the converged gate's two windows, fractions of the steps
 TRAIN_LOSS = "gate/train_loss"  # the runs.csv metric of the train loss the gate reads
 VAL_LOSS = "gate/val_loss"  # and of the held-out loss (its last row per seed: the final)
@@ -61,7 +61,8 @@ RULES = {
     "predictor's (ln 10 for 10 classes; the unigram loss of a character LM; 1, the noise's "
     "variance, for a diffusion model)",
     "converged": "by the arm's lr schedule (runs.csv's gate/lr_end, gate/lr_decays). A schedule "
-    "that decays to its floor (a cosine to its optim.min_lr_ratio, or any schedule ending at "
+    "that decays to its floor (a cosine or an exponential decay to its optim.min_lr_ratio, or "
+    "any schedule ending at "
     f"most {DECAYED:.0%} of its peak) passes "
     "when every seed ran it to its end, as the papers compare at the end of one schedule; "
     "then each claim comparing final values takes the budget test (below), and the late gain "

@@ -10,7 +10,7 @@ import lightning.pytorch as pl
 import torch
 from torch import nn
 
-SCHEDULES = ("constant", "cosine", "inverse_sqrt")
+SCHEDULES = ("constant", "cosine", "inverse_sqrt", "exponential")
 
 
 def lr_lambda(
@@ -24,6 +24,9 @@ def lr_lambda(
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"optim.schedule={schedule!r} is not one of {list(SCHEDULES)}")
+    if schedule == "exponential" and not 0 < min_ratio < 1:
+        raise ValueError(f"optim.schedule=exponential decays to optim.min_lr_ratio, which must "
+                         f"lie in (0, 1), got {min_ratio}")  # fmt: skip
 
     def factor(step: int) -> float:
         if step < warmup_steps:
@@ -35,6 +38,8 @@ def lr_lambda(
         if step == warmup_steps:
             return 1.0
         progress = min(1.0, (step - warmup_steps) / max(1, total_steps() - warmup_steps))
+        if schedule == "exponential":  # the BN paper's (Sec. 4.2.1): x min_ratio by the end
+            return min_ratio**progress
         return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return factor
