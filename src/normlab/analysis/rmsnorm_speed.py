@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import re
+from itertools import product
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -161,23 +162,41 @@ def _speed_claims(data: pd.DataFrame, threads: list[int]) -> list[IntervalClaim]
     return claims
 
 
-def _quality_claims(data: pd.DataFrame, steps: int) -> list[Claim]:
-    base = final_loss(data, f"quality/{BASELINE}")
+# the quality grids: their arms' prefix -> whether the claim names its steps (the longer one)
+QUALITY = {"quality": False, "quality_long": True}
+
+
+def quality_steps(data: pd.DataFrame, grid: str) -> int:
+    """The steps a quality grid's jobs trained (its val loss's last x; 0 without its rows)."""
+    rows = data[(data["metric"] == "val/loss") & data["arm"].str.startswith(f"{grid}/")]
+    return int(rows["x"].max()) if len(rows) else 0
+
+
+def _quality_claims(data: pd.DataFrame, grid: str = "quality") -> list[Claim]:
+    """Per norm of a quality grid (RMSNorm and pRMSNorm in `quality`, the norms run in the
+    others): its final val loss within LOSS_MARGIN of LayerNorm's."""
+    steps = quality_steps(data, grid)
+    base = final_loss(data, f"{grid}/{BASELINE}")
+    ran = {a.split("/")[-1] for a in data["arm"].unique() if a.startswith(f"{grid}/")}
+    norms = ("rmsnorm", "prmsnorm") if not QUALITY[grid] else [n for n in NORMS if n in ran]
+    after = f" after {steps:,} steps" if QUALITY[grid] else ""
     return [
         Claim(
-            f"{NORMS[norm]}'s val loss is within {LOSS_MARGIN:g} nats of LayerNorm's "
+            f"{NORMS[norm]}'s val loss is within {LOSS_MARGIN:g} nats of LayerNorm's{after} "
             "(comparable quality)",
             PAPER["quality" if norm == "rmsnorm" else "prms"],
             f"{NORMS[norm]}'s final val loss (after {steps} steps) minus LayerNorm's, nats",
-            paired(final_loss(data, f"quality/{norm}"), base),
+            paired(final_loss(data, f"{grid}/{norm}"), base),
             (-LOSS_MARGIN, LOSS_MARGIN),
             source="ours",
             why=f"the paper reports comparable quality; the +-{LOSS_MARGIN:g}-nat band is this "
-            "suite's",
-            arms=(f"quality/{norm}", f"quality/{BASELINE}"),
+            "suite's" + ("; five times the steps of the grid above, where pRMSNorm's interval "
+                         "was too wide to decide" if QUALITY[grid] else ""),
+            arms=(f"{grid}/{norm}", f"{grid}/{BASELINE}"),
             final=True,
         )
-        for norm in ("rmsnorm", "prmsnorm")
+        for norm in norms
+        if norm != BASELINE
     ]
 
 
@@ -217,8 +236,8 @@ def _ratio_panel(ax: plt.Axes, data: pd.DataFrame, arms: list[tuple[str, int]]) 
 
 def _loss_panel(ax: plt.Axes, data: pd.DataFrame) -> None:
     """Val loss against steps per norm: mean over seeds and its 95% t-interval as a band."""
-    for k, (norm, label) in enumerate(NORMS.items()):
-        curves = metric(data, f"quality/{norm}", "val/loss").pivot(
+    for (grid, long), (k, (norm, label)) in product(QUALITY.items(), enumerate(NORMS.items())):
+        curves = metric(data, f"{grid}/{norm}", "val/loss").pivot(
             index="x", columns="seed", values="value"
         )
         curves = curves.dropna()
@@ -226,8 +245,9 @@ def _loss_panel(ax: plt.Axes, data: pd.DataFrame) -> None:
             continue
         intervals = [Interval.of(row.to_numpy()) for _, row in curves.iterrows()]
         x = list(curves.index)
-        ax.plot(x, [i.mean for i in intervals], color=f"C{k}",
-                label=f"{label} ({curves.shape[1]} seeds)")  # fmt: skip
+        ax.plot(x, [i.mean for i in intervals], ":" if long else "-", color=f"C{k}",
+                label=f"{label}{f', {x[-1]:,.0f} steps' if long else ''} "
+                f"({curves.shape[1]} seeds)")  # fmt: skip
         if all(i.known for i in intervals):
             lows, highs = [i.low for i in intervals], [i.high for i in intervals]
             ax.fill_between(x, lows, highs, color=f"C{k}", alpha=0.2)
@@ -248,15 +268,14 @@ def render(data: pd.DataFrame) -> Result:
         return render_shares(data)
     arms = speed_arms(data)
     threads = sorted({t for _, t in arms}) or [1, 2]
-    losses = data[data["metric"] == "val/loss"]
-    steps = int(losses["x"].max()) if len(losses) else 0
+    steps = quality_steps(data, "quality")
     fig, (ax_t, ax_loss) = plt.subplots(1, 2, figsize=(13, 4.6))
     _ratio_panel(ax_t, data, arms)
     _loss_panel(ax_loss, data)
     fig.suptitle("RMSNorm vs LayerNorm: paired step time and val loss, Pre-LN char-level GPT "
                  "(Zhang & Sennrich 2019)")  # fmt: skip
     fig.tight_layout()
-    claims = _speed_claims(data, threads) + _quality_claims(data, steps)
+    claims = _speed_claims(data, threads) + _quality_claims(data)
     notes = _notes(data, arms, steps) + ([EARLIER_LAYOUT] if arms else [])
     return Result(fig, claims, notes)
 
@@ -332,10 +351,14 @@ def _model_rank(model: str) -> tuple[int, int, str]:
     return (0, int(gpt[1]), model) if gpt else (1, 0, model)
 
 
+MANUAL = "lstm_manual"  # the LSTM with every norm written out (impl=manual): like for like
+MODEL_LABELS = {"lstm": "LN-LSTM", MANUAL: "LN-LSTM, norms written out (impl=manual)"}
+
+
 def model_label(model: str) -> str:
     """'gpt128' -> 'GPT d_model 128', 'lstm' -> 'LN-LSTM'."""
     gpt = re.fullmatch(r"gpt(\d+)", model)
-    return f"GPT d_model {gpt[1]}" if gpt else {"lstm": "LN-LSTM"}.get(model, model)
+    return f"GPT d_model {gpt[1]}" if gpt else MODEL_LABELS.get(model, model)
 
 
 def model_pairs(data: pd.DataFrame, model: str, norm: str, threads: int) -> pd.DataFrame:
@@ -512,8 +535,7 @@ def _share_panel(ax: plt.Axes, numbers: dict[tuple[str, str, int], dict]) -> Non
 def render_shares(data: pd.DataFrame) -> Result:
     """The per-model speed arms (op ratio, step ratio, share, prediction) and the quality."""
     arms = model_arms(data)
-    losses = data[data["metric"] == "val/loss"]
-    steps = int(losses["x"].max()) if len(losses) else 0
+    steps = quality_steps(data, "quality")
     numbers = {arm: _arm_numbers(data, arm) for arm in arms}
     fig, (ax_t, ax_loss) = plt.subplots(1, 2, figsize=(15, 5), width_ratios=[3, 2])
     _share_panel(ax_t, numbers)
@@ -522,10 +544,27 @@ def render_shares(data: pd.DataFrame) -> Result:
                  "and val loss (Zhang & Sennrich 2019)")  # fmt: skip
     fig.tight_layout()
     claims = [c for a in arms if a[1] != BASELINE for c in _model_claims(a, numbers[a])]
-    notes = _share_notes(data, arms) + _notes(data, [], steps)[-1:]
-    quality = sorted(a for a in data["arm"].unique() if a.startswith("quality/"))
-    return Result(fig, claims + _quality_claims(data, steps), notes, gates.gates(data, quality),
+    notes = _share_notes(data, arms) + _notes(data, [], steps)[-1:] + _long_note(data)
+    quality = sorted(a for a in data["arm"].unique() if a.split("/")[0] in QUALITY)
+    claims += [c for grid in QUALITY if quality_steps(data, grid) for c in
+               _quality_claims(data, grid)]  # fmt: skip
+    return Result(fig, claims, notes, gates.gates(data, quality),
                   sections={"Norm share": share_table(numbers)})  # fmt: skip
+
+
+def _long_note(data: pd.DataFrame) -> list[str]:
+    """The longer quality grid's recipe and final val losses (none without its rows)."""
+    steps = quality_steps(data, "quality_long")
+    if not steps:
+        return []
+    finals = {n: final_loss(data, f"quality_long/{n}") for n in NORMS}
+    return [
+        f"Quality at {steps:,} steps (grid `quality_long`, dotted): the same recipe, five times "
+        "the epochs, its cosine stretched over them. Final val loss per seed: "
+        + "; ".join(f"{NORMS[n]} " + ", ".join(f"{v:.3f}" for v in f.values)
+                    for n, f in finals.items() if len(f))  # fmt: skip
+        + "."
+    ]
 
 
 def _share_notes(data: pd.DataFrame, arms: list[tuple[str, str, int]]) -> list[str]:
@@ -555,6 +594,14 @@ def _share_notes(data: pd.DataFrame, arms: list[tuple[str, str, int]]) -> list[s
         "alone beats LayerNorm's (`python scripts/rms_vs_ln.py`, docs/bench/rms_vs_ln.md). r "
         "and the step ratios compare these implementations, not the formulas.",
     ]
+    if any(model == MANUAL for model, _, _ in arms):
+        notes.append(
+            f"{model_label(MANUAL)} (grid `speed_lstm_manual`): like for like, every norm of "
+            "the run and LayerNorm's twin at impl=manual: the forward written in torch ops and "
+            "the backward written out by hand, the same kind of code for each, so r and the "
+            "step ratios there compare the formulas (one pass fewer for RMSNorm) more than the "
+            "kernels."
+        )
     for model, norm, t in arms:
         table = model_pairs(data, model, norm, t)
         if table.empty:
