@@ -123,11 +123,13 @@ def test_a_quick_card_of_my_norm_runs_resumes_and_says_it_is_a_smoke_run(tmp_pat
            "--root", str(tmp_path)]  # fmt: skip
     first = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert first.returncode == 0, first.stderr[-2000:]
-    assert "about" in first.stdout and "slot 1/1 done" in first.stdout
+    mine = [s for s in card.slots(CONF) if s.reproduction == "bn_lenet"]  # MLP, LeNet twice
+    assert "about" in first.stdout and f"slot {len(mine)}/{len(mine)} done" in first.stdout
     md = (tmp_path / "outputs" / "cards" / "quick" / "meanonly.md").read_text()
     assert card.SMOKE in md and not re.search(r"vs \w+: (better|worse)", md)  # no verdicts
     rows = pd.read_csv(tmp_path / "outputs" / "cards" / "quick" / "meanonly.csv")
-    assert len(rows) == len(_slot("bn_lenet").quantities)
+    assert len(rows) == sum(len(s.quantities) for s in mine)
+    assert "not run" not in set(rows["norm"])  # every slot's arm ran, under its own name
     # the md's Command: line as printed (the options that change no result added) reruns it
     printed = re.search(r"^Command: `python (scripts/reproduce\.py card [^`]+)`", md, re.M)[1]
     assert printed == ("scripts/reproduce.py card --norm meanonly --plugin examples.my_norm "

@@ -78,8 +78,23 @@ def _slope(data: pd.DataFrame, arm: str, q: dict) -> pd.Series:
                        axis=1).astype(float)  # fmt: skip
 
 
+def _ratio(data: pd.DataFrame, arm: str, q: dict) -> pd.Series:
+    """The median over a job's logged steps of `metric` / `over` (both logged at each x), per
+    seed: e.g. the norm's calls' time over LayerNorm's, timed side by side (rmsnorm_speed)."""
+    num, den = (metric(data, arm, q[k]).set_index(["seed", "x"])["value"]
+                for k in ("metric", "over"))  # fmt: skip
+    return (num / den).dropna().groupby(level="seed").median().astype(float)
+
+
+def _share(data: pd.DataFrame, arm: str, q: dict) -> pd.Series:
+    """The share of a step a part takes, per seed: 1 - the median over steps of the step
+    `without` it over the step with it (`metric`): e.g. the norm's share of a training step."""
+    return 1.0 - _ratio(data, arm, {"metric": q["without"], "over": q["metric"]})
+
+
 KINDS: dict[str, Callable[[pd.DataFrame, str, dict], pd.Series]] = {
     "final": _final, "rise": _rise, "steps_to": _steps_to, "auc": _auc, "slope": _slope,
+    "ratio": _ratio, "share": _share,
 }  # fmt: skip
 
 
@@ -100,11 +115,16 @@ class Slot:
     overrides: tuple[str, ...] = ()  # cut the grid to the slot's question
     needs: dict = field(default_factory=dict)  # traits the norm must have (trait -> value)
     needs_why: str = ""  # the words of "not applicable"
+    # where the grid's arms are a template (sweep.norm_arm): the norm's arm in it, `{norm}` for
+    # the norm's name, as the slot's overrides render it (e.g. init/{norm}/post/d12)
+    norm_arm: str = ""
 
     def arm(self, norm: str) -> str:
         """The arm a norm runs as here: a built-in's committed arm, else the one `--norm` runs
-        (sweep.norm_arm)."""
-        return self.arms.get(norm) or norm_arm(self.grid, norm)
+        (sweep.norm_arm; the slot's norm_arm where the grid's arms are a template)."""
+        if norm in self.arms:
+            return self.arms[norm]
+        return self.norm_arm.format(norm=norm) if self.norm_arm else norm_arm(self.grid, norm)
 
     def applicable(self, norm: str) -> str:
         """'' where the norm fits the slot, else why not (from its traits)."""
@@ -127,7 +147,7 @@ def slots(conf: Path) -> list[Slot]:
             found.append(Slot(path.stem, s["slot"], s["grid"], dict(s["arms"]),
                               tuple(s["baselines"]), tuple(s["quantities"]), s["delta_why"],
                               tuple(map(str, s.get("overrides", ()))), dict(s.get("needs", {})),
-                              s.get("needs_why", "")))  # fmt: skip
+                              s.get("needs_why", ""), s.get("norm_arm", "")))  # fmt: skip
     return found
 
 

@@ -180,10 +180,11 @@ class Reproduction:
         extra = ("norm=custom", f"norm.name={norm}", *([f"plugins=[{plugin}]"] if plugin else ()))
         firsts = {g.name: g for g in reversed(self.grids) if g.name in self.norm_grids}
         cut = cut or {}
-        added = tuple(
+        added = tuple(  # the cut last under either budget: a smoke run asks the same question
             arm_grid(replace(g, name=f"{g.name or 'main'}-{norm}",
-                             overrides=(*_own(g), *extra, *cut.get(g.name, ()))),
-                     norm_arm(g.name, norm))
+                             overrides=(*_own(g), *extra, *cut.get(g.name, ())),
+                             quick=(*g.quick, *cut.get(g.name, ()))),
+                     norm_arm(g.name, norm, g.arm))
             for g in firsts.values()
         )  # fmt: skip
         return replace(self, grids=self.grids + added)
@@ -202,9 +203,20 @@ def _arm_pattern(arm: str, key: str) -> str | None:
                    for i, p in enumerate(parts))  # fmt: skip
 
 
-def norm_arm(grid: str, norm: str) -> str:
-    """The arm a norm added to a grid runs as (`--norm`, a report card)."""
-    return f"{grid}/{norm}" if grid not in ("", "main") else norm
+NAMES_ITS_NORM = "${normlab.norm_name:norm}"  # an arm template that names the job's norm
+
+
+def norm_arm(grid: str, norm: str, template: str = "") -> str:
+    """The arm a norm added to a grid runs as (`--norm`, a report card): `<grid>/<norm>` (the
+    norm's name alone in the unnamed main grid); where the grid's arms are a `template` over
+    its swept keys, that template under `<grid>/<norm>/` (one arm per job, as the built-in
+    norms' are), or the template as it stands where it names the job's norm itself."""
+    if NAMES_ITS_NORM in template:
+        return template
+    head = f"{grid}/{norm}" if grid not in ("", "main") else norm
+    if "$" not in template:
+        return head
+    return f"{head}/{template.removeprefix(f'{grid}/')}"
 
 
 def _seeds_of(g: Grid, values: list[str], quick: bool, seeds: int | None) -> Grid:
