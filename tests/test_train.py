@@ -196,3 +196,24 @@ def test_last_step_is_the_step_that_ends_the_run(max_steps, max_epochs, epoch, r
         fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)),
     )  # fmt: skip
     assert last_step(trainer) is last
+
+
+def test_the_exponential_schedule_decays_to_its_floor_by_the_end(compose, tmp_path):
+    """optim.schedule=exponential (the BN paper's kind of decay): lr x min_lr_ratio^(progress),
+    the floor reached at the run's end, so the converged gate reads it as a floored schedule;
+    a floor outside (0, 1) is refused before training."""
+    from normlab.analysis import gates
+    from normlab.config import ConfigError, validate
+    from normlab.tasks.base import lr_lambda
+
+    factor = lr_lambda("exponential", 0, lambda: 100, 0.01)
+    assert [factor(s) for s in (0, 50, 100)] == pytest.approx([1.0, 0.1, 0.01])
+    warm = lr_lambda("exponential", 10, lambda: 110, 0.01)
+    assert warm(4) == pytest.approx(0.5) and warm(60) == pytest.approx(0.1)
+    rows = gates.schedule_rows("a", 0, {"schedule": "exponential", "min_lr_ratio": 0.01}, 2700)
+    assert rows[0][4] == pytest.approx(0.01 ** (2699 / 2700)) and rows[1][4] == 1.0
+    with pytest.raises(ValueError, match="lie in \\(0, 1\\)"):
+        lr_lambda("exponential", 0, lambda: 100, 0.0)
+    cfg = compose(["optim=sgd", "optim.schedule=exponential", "optim.min_lr_ratio=0"], tmp_path)
+    with pytest.raises(ConfigError, match="optim.min_lr_ratio, which must lie in"):
+        validate(cfg)
