@@ -49,7 +49,7 @@ from normlab.analysis.logs import parse_overrides, same_value
 from normlab.analysis.readme import update_readme
 from normlab.analysis.reproductions import REPRODUCTIONS
 from normlab.analysis.sweep import Grid, Reproduction
-from normlab.sweep.summary import file_lock
+from normlab.sweep.summary import FINISHED, file_lock
 
 REPO = Path(__file__).resolve().parents[1]
 QUICK_SEEDS = 2  # --quick: the least that gives an interval
@@ -103,19 +103,35 @@ def job_total(repro: Reproduction, quick: bool, seeds: int | None) -> int:
     return total
 
 
+def finished_jobs(repro: Reproduction, quick: bool, root: Path | None, seeds: int | None) -> int:
+    """How many of repro's jobs already have a result in the sweep dirs under root (reused)."""
+    if root is None:
+        return 0
+    try:
+        return sum(r.status in FINISHED for r in sweep.runs(repro, quick, root, seeds))
+    except Exception:  # an unreadable log: the estimate counts that job as still to run
+        return 0
+
+
 def estimate_before(
-    repro: Reproduction, quick: bool, jobs: int, seeds: int | None, partial_run: bool
-) -> str | None:
+    repro: Reproduction, quick: bool, jobs: int, seeds: int | None, partial_run: bool,
+    root: Path | None = None,
+) -> str | None:  # fmt: skip
     """What a run will take, said before it starts: the full run of NAME from its committed
     wall times (estimate); --quick as about a minute a job; a --norm or --grids run as its jobs
-    at the committed median wall time of its grids' arms, over the jobs run at once."""
-    if not quick and not partial_run:
+    at the committed median wall time of its grids' arms, over the jobs run at once; with
+    `root`, the jobs already finished there are left out (reused, not run)."""
+    total = job_total(repro, quick, seeds)
+    done = min(finished_jobs(repro, quick, root, seeds), total)
+    if not quick and not partial_run and not done:
         return estimate(repro.name, jobs)
-    count = job_total(repro, quick, seeds)
+    count = total - done
+    reused = f", {done} of {total} finished before" if done else ""
     parallel = max(1, min(jobs, repro.max_jobs or jobs))
     if quick:
         took = _hours(count * QUICK_JOB_S / parallel)
-        return f"about {took} ({count} quick jobs, about a minute each, {parallel} at once)"
+        return (f"about {took} ({count} quick jobs, about a minute each, {parallel} at "
+                f"once{reused})")  # fmt: skip
     path = REPO / "outputs" / "figures" / repro.name / "jobs.csv"
     if not path.is_file():
         return None
@@ -126,7 +142,7 @@ def estimate_before(
     per_job = float(walls.median())
     return (
         f"about {_hours(count * per_job / parallel)} ({count} jobs at the committed median "
-        f"{per_job:.0f} s a job of these grids' arms, {parallel} at once)"
+        f"{per_job:.0f} s a job of these grids' arms, {parallel} at once{reused})"
     )
 
 
@@ -383,7 +399,8 @@ def reproduce(
             repro = repro.narrow(key, values, quick, seeds)
     except ValueError as err:
         raise SystemExit(str(err)) from None
-    took = None if collect else estimate_before(repro, quick, jobs, seeds, bool(grids or norm))
+    took = None if collect else estimate_before(repro, quick, jobs, seeds, bool(grids or norm),
+                                                root)  # fmt: skip
     if took:
         print(f"{name}: {took}; finished jobs are reused", flush=True)
     # --collect: the finished jobs as they are (each keeps its own code version in jobs.csv)

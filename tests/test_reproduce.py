@@ -723,6 +723,24 @@ def test_quick_norm_and_grids_runs_say_how_long_first():
     assert script.estimate_before(repro, False, 1, None, False) == script.estimate("ln_rnn")
 
 
+def test_an_estimate_leaves_out_the_jobs_finished_before(monkeypatch, tmp_path):
+    """A rerun after a cut says what is left: its finished jobs are reused, not run (a job
+    still 'running' in its summary was killed: it runs again)."""
+    repro = REPRODUCTIONS["ln_rnn"]
+    seeds = script.default_seeds(True, "ln_rnn")
+    found = [SimpleNamespace(status=s) for s in ("ok", "diverged", "running", "failed")]
+    monkeypatch.setattr(sweep, "runs", lambda *a: found)
+    assert script.estimate_before(repro, True, 1, seeds, False, tmp_path) == (
+        "about 4 min (4 quick jobs, about a minute each, 1 at once, 2 of 6 finished before)"
+    )
+    full = script.estimate_before(repro, False, 1, None, False, tmp_path)
+    assert full.startswith("about ") and full.endswith("finished before)")
+    monkeypatch.setattr(sweep, "runs", lambda *a: [])
+    assert script.estimate_before(repro, False, 1, None, False, tmp_path) == script.estimate(
+        "ln_rnn"
+    )
+
+
 def test_progress_lines_say_jobs_done_and_an_eta_as_jobs_finish(monkeypatch, capsys):
     assert script.progress_line("x", 3, 10, 2, 120.0) == "x: jobs 3/10 done, ETA 7 min"
     assert script.progress_line("x", 3, 10, 0, 5.0) == "x: jobs 3/10 done, ETA unknown"
