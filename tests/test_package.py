@@ -118,3 +118,11 @@ def test_the_wheel_trains_from_a_fresh_venv_outside_the_checkout(tmp_path):
     (hydra_yaml,) = (elsewhere / "outputs").rglob(".hydra/hydra.yaml")  # outputs/ under the cwd
     config = hydra_yaml.read_text()
     assert f"path: {found[1]}\n      schema: file\n      provider: main" in config
+
+    # normlab-reproduce reads the reproductions' declarations from the wheel's conf/ too
+    reproduce = tmp_path / "venv" / "bin" / "normlab-reproduce"
+    done = subprocess.run([str(reproduce), "--list"], cwd=elsewhere, env=env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    listed = {line.split(":")[0] for line in done.stdout.splitlines() if not line[:1].isspace()}
+    assert listed >= {Path(f).stem for f in CONF_FILES if f.startswith("reproduce/")}, listed
