@@ -21,8 +21,8 @@ CONF = REPO / "conf" / "reproduce"
 
 
 def _script(name: str):
-    sys.path.insert(0, str(REPO / "scripts"))
-    return importlib.import_module(name)
+    """normlab.analysis.NAME: reproduce (scripts/reproduce.py's main) or report_card."""
+    return importlib.import_module(f"normlab.analysis.{name}")
 
 
 def _slot(reproduction: str) -> card.Slot:

@@ -29,6 +29,13 @@ def test_docs_build_strict(tmp_path):
     for page in ("norms", "runs", "speed", "figures/bn_lenet"):
         assert (site / page / "index.html").is_file(), page
     assert (site / "figures" / "bn_lenet.png").is_file()  # the committed evidence is in the site
+    # the API reference (docs/api.md), generated from the docstrings by mkdocstrings
+    api = (site / "api" / "index.html").read_text()
+    for name in ("normlab.norms.create_norm", "normlab.norms.BatchNorm", "normlab.norms.RMSNorm",
+                 "normlab.models.lenet.LeNet", "normlab.models.transformer.GPT",
+                 "normlab.models.dit.DiTBlock"):  # fmt: skip
+        assert f'id="{name}"' in api, name
+    assert "Build the registered norm" in api  # create_norm's docstring, rendered
 
 
 def test_readme_links_point_at_files_of_the_repository():

@@ -118,9 +118,7 @@ def test_a_cards_continue_line_finishes_the_card_as_printed(tmp_path):
 
 
 def test_reproduce_sets_the_variable_that_quiets_its_jobs_continue_lines():
+    from normlab.analysis import reproduce
     from normlab.run import task
-
-    sys.path.insert(0, str(REPO / "scripts"))
-    import reproduce
 
     assert reproduce.OUTER_ENV == task.OUTER_ENV

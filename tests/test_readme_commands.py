@@ -4,8 +4,10 @@ CI runs it.
 
 The commands are read from the code blocks of README.md and docs/*.md, so a command added there
 is run here; a command this file does not know how to shrink fails the test until it is taught
-one. (The MLflow UI's commands in docs/runs.md, which are not `python ...`, are run by
-tests/test_trackers.py.)
+one. The console scripts (`normlab-train ...`, `normlab-reproduce ...`) run as pip's wrapper
+runs them, through the entry point pyproject.toml declares, shrunk as their checkout twins are
+(tests/test_package.py runs the installed script of a built wheel). (The MLflow UI's command in
+docs/runs.md, which is not `python ...`, is run by tests/test_trackers.py.)
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ SCRIPT_SHRINK = {
         "{tmp}/bench",
     ],
 }
+# the console scripts, and the checkout command each is the same as (shrunk the same way)
+TWINS = {"normlab-train": "train.py", "normlab-reproduce": "scripts/reproduce.py"}
 # placeholders in the pages' usage lines, and what stands for them here
 PLACEHOLDERS = {"NAME": "gn_batch_size"}
 
@@ -97,7 +101,7 @@ def block_commands(lines: list[str]) -> list[tuple[str, str | None]]:
     while i < len(lines):
         line = lines[i].removeprefix("$ ")
         i += 1
-        if not line.startswith("python ") or line.startswith("python -c"):
+        if not line.startswith(("python ", *TWINS)) or line.startswith("python -c"):
             continue
         while line.endswith("\\"):  # continuation lines
             line = line[:-1] + lines[i].strip()
@@ -116,6 +120,9 @@ def shrunk(command: str, tmp: Path) -> list[str]:
         command = command.replace(name, value)
     command = re.sub(r"\s*\[--[^\]]*\]", "", command)  # optional parts of a usage line
     argv = shlex.split(command)
+    if argv[0] in TWINS:  # a console script: its twin's options, run through its entry point
+        twin = shrunk(shlex.join(["python", TWINS[argv[0]], *argv[1:]]), tmp)
+        return [*entry_point(argv[0]), *twin[2:]]
     argv[0] = sys.executable
     if argv[1] == "train.py":
         return [*argv[:2], *train_args(argv[2:], tmp)]
@@ -134,6 +141,16 @@ def shrunk(command: str, tmp: Path) -> list[str]:
     if script == "reproduce.py":
         argv = reproduce_args(argv)
     return argv + [a for a in extra if a not in argv or not a.startswith("--")]
+
+
+def entry_point(name: str) -> list[str]:
+    """The argv that runs console script `name` as pip's wrapper does: its entry point from
+    pyproject.toml's [project.scripts] (`module:function`), called with sys.argv[0] = name."""
+    pyproject = (REPO / "pyproject.toml").read_text()  # `name = "module:function"` lines
+    module, _, function = re.search(rf'^{name} = "(.+?)"', pyproject, re.M)[1].partition(":")
+    code = (f"import sys; from {module} import {function}; sys.argv[0] = {name!r}; "
+            f"sys.exit({function}())")  # fmt: skip
+    return [sys.executable, "-c", code]
 
 
 def reproduce_args(argv: list[str]) -> list[str]:
@@ -185,6 +202,7 @@ def test_the_readme_shows_the_commands_this_file_expects():
     assert page_commands(REPO / "docs" / "runs.md"), "the docs pages' commands are read too"
     assert "python train.py" in shown
     assert any(c.startswith("python train.py experiment=dit") for c in shown)
+    assert {c.split()[0] for c in shown} >= set(TWINS), "the console scripts are shown and run"
     assert any(e for _, e in COMMANDS), "the README's example of a one-line error"
     assert len(shown) >= 15
 

@@ -22,8 +22,7 @@ from normlab.analysis.sweep import Budget, Grid, Reproduction
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = [sys.executable, str(REPO / "scripts" / "reproduce.py")]
-sys.path.insert(0, str(REPO / "scripts"))
-script = importlib.import_module("reproduce")  # scripts/reproduce.py
+script = importlib.import_module("normlab.analysis.reproduce")  # scripts/reproduce.py's main
 # Rendered with --quick in CI's slow run: every reproduction.
 CI_NAMES = ["bn_lenet", "gn_batch_size", "ln_placement", "ln_rnn", "deepnorm_depth",
             "rmsnorm_speed", "dit_conditioning", "dyt_vs_ln"]  # fmt: skip

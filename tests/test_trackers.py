@@ -8,7 +8,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import signal
 import socket
 import struct
@@ -254,40 +253,35 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-# the MLflow UI's environment as docs/runs.md makes it, and where the test makes it instead
-UI_DOCS, UI_ENV = REPO / "docs" / "runs.md", "~/.venvs/mlflow-ui"
+UI_DOCS = REPO / "docs" / "runs.md"
 
 
-def mlflow_ui_commands() -> tuple[list[str], str]:
-    """docs/runs.md's code block that runs `mlflow ui`: (the lines that make its environment,
-    the line that starts it), comments dropped."""
+def mlflow_ui_command() -> str:
+    """docs/runs.md's one command that runs `mlflow ui`: its code block's only line."""
     blocks = re.findall(r"```bash\n(.*?)```", UI_DOCS.read_text(), flags=re.S)
     (block,) = [b for b in blocks if "mlflow ui" in b]
-    *setup, start = [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
-    assert UI_ENV in start and all(UI_ENV in line for line in setup), block
-    return setup, start
+    (line,) = [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
+    return line
 
 
 def mlflow_ui(store: Path, port: int) -> tuple[list[str], dict[str, str]]:
-    """The docs' `mlflow ui` command (its environment made as the docs make it, once, in
-    $NORMLAB_CACHE/mlflow-ui), on `store` at 127.0.0.1:port; or $NORMLAB_MLFLOW_UI's command."""
-    setup, start = mlflow_ui_commands()
-    env_dir = cache_dir() / "mlflow-ui"
-    given = os.environ.get("NORMLAB_MLFLOW_UI")
-    if not given and not (env_dir / ".complete").is_file():
-        shutil.rmtree(env_dir, ignore_errors=True)  # a half-made one from an interrupted test
-        for line in setup:
-            made = subprocess.run(line.replace(UI_ENV, str(env_dir)), shell=True, timeout=1800,
-                                  capture_output=True, text=True)  # fmt: skip
-            assert made.returncode == 0, f"{line}\n{made.stdout[-2000:]}\n{made.stderr[-2000:]}"
-        (env_dir / ".complete").touch()
-    words = shlex.split(start.replace(UI_ENV, str(env_dir)))
-    env = dict(os.environ)
+    """The docs' `mlflow ui` command as typed, on `store` at 127.0.0.1:port, its environment
+    made first (pipx's, kept in $NORMLAB_CACHE/pipx: made once, then reused); or
+    $NORMLAB_MLFLOW_UI's command in place of the words before `ui`."""
+    words = shlex.split(mlflow_ui_command())
+    env = dict(os.environ, PIPX_HOME=str(cache_dir() / "pipx"))
     while "=" in words[0]:  # the command's environment settings (MLFLOW_ALLOW_FILE_STORE=true)
         key, value = words.pop(0).split("=", 1)
         env[key] = value
+    given = os.environ.get("NORMLAB_MLFLOW_UI")
     if given:
         words = [*shlex.split(given), *words[words.index("ui") :]]
+    # the command's mlflow, installed on first use (minutes), before the server's 120 s start
+    version = [*words[: words.index("ui")], "--version"]
+    made = subprocess.run(version, env=env, timeout=1800, capture_output=True, text=True)
+    assert made.returncode == 0, f"{shlex.join(version)}\n{made.stdout[-2000:]}\n{made.stderr}"
+    pin = re.search(r"mlflow==(\S+)", " ".join(words))
+    assert given or (pin and f"version {pin[1]}" in made.stdout), made.stdout  # the docs' pin
     words[words.index("--backend-store-uri") + 1] = f"file:{store}"
     return [*words, "--host", "127.0.0.1", "--port", str(port)], env
 

@@ -335,11 +335,9 @@ def test_a_count_claim_with_no_event_in_either_arm_is_no_test():
 
 
 def _script():
-    import importlib
-    import sys
+    from normlab.analysis import reproduce  # scripts/reproduce.py's main
 
-    sys.path.insert(0, str(REPO / "scripts"))
-    return importlib.import_module("reproduce")
+    return reproduce
 
 
 def test_seeds_to_decide_extends_each_grid_to_the_most_its_undecided_claims_plan(tmp_path):

@@ -35,7 +35,7 @@ from pathlib import Path
 from omegaconf import DictConfig, open_dict
 
 import normlab
-from normlab import config, identity
+from normlab import config, identity, layout
 from normlab.errors import ConfigError
 
 # LeNet + BatchNorm with ReLU, Adam, the test split evaluated; norm statistics not logged
@@ -51,7 +51,6 @@ RECIPE = (
 EPOCHS = 5  # 5 epochs: 0.3 min on an idle 2-core CPU, 3-8 min on a busy one
 CACHE_DIR = Path("outputs") / "fid_lenet"
 SRC = Path(normlab.__file__).resolve().parents[1]  # the dir holding the normlab package
-REPO_CONF = SRC.parent / "conf"  # conf/ of the source tree normlab is installed from
 COMMITTED, CACHED = "committed", "cached"  # the `features` that are not a file path
 
 
@@ -63,7 +62,7 @@ def compose_recipe(
 ) -> DictConfig:
     """The training config of the LeNet; data_root None keeps the config's (paths.data_dir)."""
     overrides = [*RECIPE, f"trainer.max_epochs={epochs}", *overrides]
-    cfg = config.compose(overrides, "<run dir>", conf_dir or REPO_CONF)
+    cfg = config.compose(overrides, "<run dir>", conf_dir or layout.conf_dir())
     if data_root is not None:
         with open_dict(cfg):
             cfg.paths.data_dir = str(Path(data_root).resolve())

@@ -22,7 +22,7 @@ SRC = Path(normlab.__file__).resolve().parent
 # Code that does not decide what a job computes, only which jobs run, where they write and what
 # their sweep records (sweep/), or never runs inside a job (analysis/): editing it must not rerun
 # finished jobs.
-NOT_TRAINING_CODE = ("analysis", "sweep")
+NOT_TRAINING_CODE = ("analysis", "sweep", "conf")  # conf: a job's config is hashed, not its files
 # Keys that say where a job writes or reads, how it was started, what it shows while it runs
 # or where its memory comes from, not what it computes.
 NOT_IDENTITY = ("paths", "ckpt_path", "overwrite", "progress", "progress_every", "keep_heap")

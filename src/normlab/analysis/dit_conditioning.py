@@ -26,13 +26,13 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from normlab import fid_train
+from normlab import fid_train, layout
 from normlab.analysis import gates
 from normlab.analysis.curves import metric
 from normlab.analysis.logs import Run
 from normlab.analysis.report import Claim, Result
 from normlab.analysis.stats import ABOVE, Interval
-from normlab.analysis.sweep import REPO, job_threads, threads_env
+from normlab.analysis.sweep import job_threads, threads_env
 
 # ----- the paper's numbers (DiT Table 4: XL/2, 400K steps, FID-50K on ImageNet 256, no cfg) ----
 PAPER_FID = {"adaln_zero": 19.47, "adaln": 25.21, "cross_attn": 26.14, "in_context": 35.24}
@@ -86,7 +86,7 @@ def _resample_command(run: Run, threads: int, repo: Path) -> list[str] | None:
             fid.lenet_epochs,
             list(fid.lenet_overrides),
             fid.data_root,
-            repo / "conf",
+            layout.conf_dir(),
         )
     else:
         lenet = fid_train.feature_file(features)
@@ -165,7 +165,7 @@ def _depth(net: DictConfig) -> int:
     model.net.size: that size's preset, conf/size/dit/<size>.yaml, has the depth."""
     if net.get("depth") is not None:
         return net.depth
-    return OmegaConf.load(REPO / "conf" / "size" / "dit" / f"{net.size}.yaml").depth
+    return OmegaConf.load(layout.conf_dir() / "size" / "dit" / f"{net.size}.yaml").depth
 
 
 def _settings(run: Run) -> dict[str, float]:

@@ -23,11 +23,12 @@ import pandas as pd
 import yaml
 from omegaconf import OmegaConf
 
+from normlab import layout
 from normlab.analysis.logs import Run, load_sweep, parse_overrides, same_value
 from normlab.analysis.report import JOBS_COLUMNS, Result
 from normlab.sweep.callbacks import EXIT_JOBS_FAILED
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = layout.root()  # where the sweeps run and outputs/ goes: the checkout (or the cwd)
 
 
 @dataclass(frozen=True)
@@ -243,7 +244,7 @@ def arm_grid(g: Grid, arm: str, overrides: tuple[str, ...] = ()) -> Grid:
 
 # ----- declarations: conf/reproduce/NAME.yaml ---------------------------------------------------
 
-DECLARED = REPO / "conf" / "reproduce"
+DECLARED = layout.reproduce_dir()
 
 
 def _function(path: str, module: str) -> Callable:
@@ -397,11 +398,11 @@ def run(
 
 
 def grid_values(
-    g: Grid, budget: Budget, quick: bool, seeds: int | None = None, repo: Path = REPO
+    g: Grid, budget: Budget, quick: bool, seeds: int | None = None
 ) -> dict[str, list[str]]:
     """The swept keys of a grid and their values: the experiment's hydra.sweeper.params, where
     the grid's and budget's overrides of the same keys (or their own sweeps) replace them."""
-    conf = OmegaConf.load(repo / "conf" / "experiment" / f"{g.experiment}.yaml")
+    conf = OmegaConf.load(layout.conf_dir() / "experiment" / f"{g.experiment}.yaml")
     params = OmegaConf.select(conf, "hydra.sweeper.params", default=None) or {}
     values = {str(k): _values(str(v)) for k, v in params.items()}
     extra = " ".join((*g.all_overrides(budget, quick), *seed_override(seeds, g.only_seeds)))

@@ -37,7 +37,9 @@ import shlex
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
+from normlab import layout
+
+REPO = layout.root()  # the checkout (or the cwd): outputs/ goes below it
 OUT = REPO / "outputs" / "bench-local"  # ignored by git; outputs/bench/ holds the committed tables
 
 

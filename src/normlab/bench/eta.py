@@ -16,9 +16,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from normlab import layout
 from normlab.callbacks.progress import duration
 
-COMMITTED = Path(__file__).resolve().parents[3] / "outputs" / "bench" / "train.csv"
+COMMITTED = layout.root() / "outputs" / "bench" / "train.csv"
 
 
 def committed_seconds(path: Path = COMMITTED) -> dict[str, float]:

@@ -28,9 +28,10 @@ from pathlib import Path
 
 import torch.nn.functional as F
 
+from normlab import layout
 from normlab.bench.timing import PairedSteps, StepTimer, median_ms
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = layout.root()
 Tick = Callable[[str], None] | None  # called with a case's name as it ends
 TRAIN_TARGET, END_TO_END_TARGET = 1.05, 1.15
 ROUNDS = 5  # the default rounds of each case
@@ -98,7 +99,7 @@ def compose(overrides: list[str], run_dir: Path):
     """The config `python train.py <overrides> hydra.run.dir=<run_dir>` would run."""
     from normlab.config import compose as compose_config
 
-    return compose_config(overrides, run_dir, REPO / "conf")
+    return compose_config(overrides, run_dir, layout.conf_dir())
 
 
 def run_normlab(overrides: list[str]) -> dict[str, float]:

@@ -23,9 +23,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from normlab import layout
 from normlab.data.tensor_loader import TensorLoader
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = layout.root()
 FILES = {"train": "train-images-idx3-ubyte", "train_labels": "train-labels-idx1-ubyte",
          "test": "t10k-images-idx3-ubyte", "test_labels": "t10k-labels-idx1-ubyte"}  # fmt: skip
 
@@ -107,7 +108,7 @@ def main(argv: list[str]) -> dict[str, float]:
     from normlab.config import compose
 
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = compose(argv, tmp, REPO / "conf")
+        cfg = compose(argv, tmp, layout.conf_dir())
     if not str(cfg.data._target_).endswith("FashionMNISTDataModule"):
         raise SystemExit(f"twin: data={cfg.data._target_} is not written here (fashion_mnist)")
     seed = int(cfg.seed)

@@ -3,7 +3,8 @@
     python -m normlab.sweep.multiruns '[["-m", "experiment=bn_lenet", ...], ...]'
 
 run from the checkout. Each list is run as `python train.py ARGS` runs it (train.py executed as
-__main__ with those arguments), so its jobs, run dirs and summary rows are the same; torch,
+__main__ with those arguments; from an installed normlab without a checkout, as `normlab-train
+ARGS` runs it), so its jobs, run dirs and summary rows are the same; torch,
 Lightning and torchmetrics load once here instead of once per multirun (about 5 s each on this
 CPU, against quick jobs of a few seconds). A reproduction's grids run this way
 (normlab.analysis.sweep.run).
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 import runpy
 import sys
+from pathlib import Path
 
 from hydra.core.global_hydra import GlobalHydra
 
@@ -48,10 +50,17 @@ def _fresh_workers() -> None:
 
 def run(args: list[str]) -> int:
     """`python train.py ARGS` in this process; its exit code."""
-    print("+ " + " ".join([sys.executable, TRAIN, *args]), flush=True)
-    sys.argv = [TRAIN, *args]
+    checkout = Path(TRAIN).is_file()  # run from a checkout (normlab.analysis.sweep.run's cwd)
+    print("+ " + " ".join([sys.executable, TRAIN] if checkout else ["normlab-train"]), *args,
+          flush=True)  # fmt: skip
+    sys.argv = [TRAIN if checkout else "normlab-train", *args]
     try:
-        runpy.run_path(TRAIN, run_name="__main__")
+        if checkout:
+            runpy.run_path(TRAIN, run_name="__main__")
+        else:
+            from normlab.train import main as train_main
+
+            train_main()
         return 0
     except SystemExit as exit:
         return _code(exit)

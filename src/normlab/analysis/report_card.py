@@ -24,11 +24,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from normlab import layout
 from normlab.analysis import card, report
 from normlab.analysis.reproductions import REPRODUCTIONS
 
-REPO = Path(__file__).resolve().parents[1]
-CONF = REPO / "conf" / "reproduce"
+REPO = layout.root()  # --root's default: the checkout (or the cwd of an installed normlab)
+CONF = layout.reproduce_dir()
 QUICK_JOB_S = 60.0  # a --quick job's time (its budget is a minute)
 FILES = ("md", "csv", "png")
 
@@ -103,7 +104,7 @@ def run(norm: str, plugin: str | None, quick: bool, jobs: int, threads: int | No
         root: Path, only: list[str] | None = None) -> dict[str, Path]:  # fmt: skip
     """Train the norm in every slot it fits (unless built in; `only`: the slots of these
     reproductions), then write its card."""
-    import reproduce  # scripts/: the sweeps and the evidence's landing
+    from normlab.analysis import reproduce  # the sweeps and the evidence's landing
 
     hours = reproduce._hours  # one home for how a time reads
 

@@ -1,0 +1,708 @@
+"""Reproduce the papers' comparison plots from run logs.
+
+    python scripts/reproduce.py NAME [--seeds N] [--quick] [--jobs N] [--threads N] [--root DIR]
+    python scripts/reproduce.py NAME --decide      # declared initial seeds, then those the
+                                                   # undecided claims plan for (up to the cap)
+    python scripts/reproduce.py NAME --redraw      # from the committed runs.csv, no training
+    python scripts/reproduce.py NAME --collect     # the jobs already in its sweep dirs, no
+                                                   # training (each keeps its code version)
+    python scripts/reproduce.py NAME --grids G,..  # run only these grids; their arms' rows
+                                                   # replace those in the committed runs.csv
+    python scripts/reproduce.py NAME --grids G --subset KEY=V,..   # only the jobs at these
+                                                   # values of a swept key; only their rows
+                                                   # are replaced (a long grid over sessions)
+    python scripts/reproduce.py NAME --norm X [--plugin MODULE]   # your norm as one more arm
+    python scripts/reproduce.py card --norm X [--plugin MODULE] [--budget quick|card]
+                                                   # X's report card (analysis/report_card.py)
+    python scripts/reproduce.py all [--quick] [--jobs N]
+    python scripts/reproduce.py --list
+    python scripts/reproduce.py --readme           # README's Results table from the claims files
+
+Runs NAME's sweeps (`python train.py -m experiment=... seed=0,1,2`) into fixed sweep dirs under
+<root>/outputs/reproduce/NAME[-quick]/ (a finished job is reused only if its resolved config and
+training code are unchanged), reads every job's logs, and writes under
+<root>/outputs/figures[/quick]/: NAME/runs.csv (every number used), NAME/jobs.csv, and, drawn
+from those two alone, NAME.{png,svg,md} and NAME.claims.csv. With --norm X (a registered norm,
+e.g. a user's from --plugin MODULE) the reproductions that compare norms run X as one more arm of
+those grids, and the evidence goes to NAME+X.* beside NAME's, the built-in arms' jobs reused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import shlex
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import pandas as pd
+
+from normlab import layout
+from normlab.analysis import report, sweep
+from normlab.analysis.logs import parse_overrides, same_value
+from normlab.analysis.readme import update_readme
+from normlab.analysis.reproductions import REPRODUCTIONS
+from normlab.analysis.sweep import Grid, Reproduction
+from normlab.sweep.summary import FINISHED, file_lock
+
+REPO = layout.root()  # --root's default: the checkout (or the cwd of an installed normlab)
+QUICK_SEEDS = 2  # --quick: the least that gives an interval
+EVIDENCE_LOCK = ".evidence.lock"  # in NAME's sweep dir: held while its evidence is merged
+
+
+def default_seeds(quick: bool, name: str) -> int:
+    """--seeds when not given: the reproduction's declared initial seeds (2 under --quick)."""
+    return QUICK_SEEDS if quick else REPRODUCTIONS[name].initial_seeds
+
+
+def seed_cap(quick: bool, name: str) -> int:
+    """The most seeds --decide runs for a claim: the reproduction's declared cap (QUICK_CAP
+    under --quick)."""
+    return QUICK_CAP if quick else REPRODUCTIONS[name].seed_cap
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min"
+
+
+def estimate(name: str, jobs: int = 1) -> str | None:
+    """The full budget's time from the committed run (outputs/figures/NAME/jobs.csv): its jobs'
+    wall times summed, divided by the jobs run at once (--jobs, capped as the sweep caps it);
+    None without that file. Jobs already done in the sweep dirs take no time."""
+    path = REPO / "outputs" / "figures" / name / "jobs.csv"
+    if not path.is_file():
+        return None
+    walls = pd.read_csv(path)["wall_time_s"].dropna()
+    cap = REPRODUCTIONS[name].max_jobs
+    parallel = max(1, min(jobs, cap or jobs))
+    total = float(walls.sum())
+    source = f"{len(walls)} jobs, from the committed run's wall times"
+    if parallel == 1:
+        return f"about {_hours(total)} ({source})"
+    return f"about {_hours(total / parallel)} at --jobs {parallel} ({_hours(total)} of {source})"
+
+
+# normlab.run.task.OUTER_ENV (not imported: that module loads torch): set while the sweeps run,
+# so that an interrupted job leaves the continue line to this command
+OUTER_ENV = "NORMLAB_OUTER_COMMAND"
+QUICK_JOB_S = 60.0  # a --quick job: about a minute (--help says so)
+
+
+def job_total(repro: Reproduction, quick: bool, seeds: int | None) -> int:
+    """How many jobs the grids of repro make: the product of each grid's swept values."""
+    total = 0
+    for g in repro.grids:
+        values = sweep.grid_values(g, repro.budget(quick), quick, g.seed_count(seeds, quick))
+        total += math.prod(len(v) for v in values.values())
+    return total
+
+
+def finished_jobs(repro: Reproduction, quick: bool, root: Path | None, seeds: int | None) -> int:
+    """How many of repro's jobs already have a result in the sweep dirs under root (reused)."""
+    if root is None:
+        return 0
+    try:
+        return sum(r.status in FINISHED for r in sweep.runs(repro, quick, root, seeds))
+    except Exception:  # an unreadable log: the estimate counts that job as still to run
+        return 0
+
+
+def estimate_before(
+    repro: Reproduction, quick: bool, jobs: int, seeds: int | None, partial_run: bool,
+    root: Path | None = None,
+) -> str | None:  # fmt: skip
+    """What a run will take, said before it starts: the full run of NAME from its committed
+    wall times (estimate); --quick as about a minute a job; a --norm or --grids run as its jobs
+    at the committed median wall time of its grids' arms, over the jobs run at once; with
+    `root`, the jobs already finished there are left out (reused, not run)."""
+    total = job_total(repro, quick, seeds)
+    done = min(finished_jobs(repro, quick, root, seeds), total)
+    if not quick and not partial_run and not done:
+        return estimate(repro.name, jobs)
+    count = total - done
+    reused = f", {done} of {total} finished before" if done else ""
+    parallel = max(1, min(jobs, repro.max_jobs or jobs))
+    if quick:
+        took = _hours(count * QUICK_JOB_S / parallel)
+        return (f"about {took} ({count} quick jobs, about a minute each, {parallel} at "
+                f"once{reused})")  # fmt: skip
+    path = REPO / "outputs" / "figures" / repro.name / "jobs.csv"
+    if not path.is_file():
+        return None
+    committed = pd.read_csv(path)
+    names = tuple(f"{g.name}/" for g in repro.grids)
+    mine = committed[committed["arm"].astype(str).str.startswith(names)]["wall_time_s"].dropna()
+    walls = mine if len(mine) else committed["wall_time_s"].dropna()
+    per_job = float(walls.median())
+    return (
+        f"about {_hours(count * per_job / parallel)} ({count} jobs at the committed median "
+        f"{per_job:.0f} s a job of these grids' arms, {parallel} at once{reused})"
+    )
+
+
+def progress_line(name: str, done: int, total: int, fresh: int, elapsed: float) -> str:
+    """`NAME: jobs k/N done, ETA T`: T is what is left at the pace of the jobs finished in this
+    run (elapsed over fresh); `ETA unknown` before the first of them."""
+    line = f"{name}: jobs {done}/{total} done"
+    if fresh <= 0:
+        return f"{line}, ETA unknown"
+    return f"{line}, ETA {_hours(max(total - done, 0) * elapsed / fresh)}"
+
+
+def run_showing_progress(
+    repro: Reproduction, quick: bool, root: Path, jobs: int, seeds: int | None,
+    threads: int | None, every: float = 15.0,
+) -> float:  # fmt: skip
+    """sweep.run, printing progress_line every `every` s when more jobs have finished (read
+    back from the grids' summaries, as the analysis reads them)."""
+    total = job_total(repro, quick, seeds)
+    start, stop = time.monotonic(), threading.Event()
+
+    def finished() -> int:
+        try:
+            # a job's summary row is written at its start ('running'): done once it ended
+            return sum(r.status != "running" for r in sweep.runs(repro, quick, root, seeds))
+        except Exception:  # a log mid-write: read it next time (a progress line stops no run)
+            return -1
+
+    def watch() -> None:
+        before = shown = max(finished(), 0)
+        while not stop.wait(every):
+            now = finished()
+            if now > shown:
+                shown = now
+                elapsed = time.monotonic() - start
+                print(progress_line(repro.name, now, total, now - before, elapsed), flush=True)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    outer = os.environ.get(OUTER_ENV)
+    os.environ[OUTER_ENV] = "1"  # the jobs leave the continue line to this command (or a card)
+    try:
+        return sweep.run(repro, quick, root, jobs, seeds, threads=threads)
+    finally:
+        stop.set()
+        watcher.join(timeout=5)
+        if outer is None:
+            os.environ.pop(OUTER_ENV, None)
+
+
+def list_names() -> str:
+    """One block per NAME: its title, both budgets and the full one's estimated time."""
+    lines = []
+    for r in REPRODUCTIONS.values():
+        lines += [
+            f"{r.name}: {r.title}",
+            f"    full:  {r.full.text}",
+            f"    quick: {r.quick.text}",
+        ]
+        took = estimate(r.name)
+        if took:
+            lines.append(f"    time (full): {took}")
+    return "\n".join(lines)
+
+
+class Interrupt:
+    """Ctrl+C while a sweep runs: its train.py (in the same process group) gets the signal too,
+    saves its state and stops; this waits for it instead of killing it, then stops with a
+    message (a second Ctrl+C, or one while no sweep runs, stops at once)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    @staticmethod
+    def _children() -> bool:
+        try:
+            tasks = Path("/proc/self/task").glob("*/children")  # Linux: each thread's children
+            return any(path.read_text().split() for path in tasks)
+        except OSError:
+            return False
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if self.requested or not self._children():
+            raise KeyboardInterrupt
+        self.requested = True
+        print("interrupt: waiting for the running job to save its state (Ctrl+C again to stop "
+              "at once)", file=sys.stderr, flush=True)  # fmt: skip
+
+    def stop(self, argv: list[str], root: Path) -> SystemExit:
+        """Say where things are and how to continue; the exit (130) to raise."""
+        command = shlex.join(["python", "scripts/reproduce.py", *argv])
+        kept = root / "outputs" / "reproduce"
+        print(f"interrupted: the finished jobs in {kept} are reused, a stopped one resumes "
+              f"from its last.ckpt if it has one\n"
+              f"continue with: {command}", file=sys.stderr, flush=True)  # fmt: skip
+        return SystemExit(128 + signal.SIGINT)
+
+
+def command_text(
+    name: str,
+    quick: bool,
+    seeds: int | None,
+    norm: str | None = None,
+    plugin: str | None = None,
+    decided: bool = False,
+) -> str:
+    """The command a figure's md shows: with `decided` (its arms ran unequal seed counts), the
+    seeds to a decision that gave them, not a --seeds that would run every arm to the most."""
+    cmd = f"python scripts/reproduce.py {name}"
+    if decided:
+        cmd += " --decide"
+    elif seeds is not None and seeds != default_seeds(quick, name):
+        cmd += f" --seeds {seeds}"
+    if norm:
+        cmd += f" --norm {norm}" + (f" --plugin {plugin}" if plugin else "")
+    return cmd + (" --quick" if quick else "")
+
+
+def quick_note(repro: Reproduction) -> str:
+    """The first note of a --quick md: the notes below it describe the full budget."""
+    return (
+        f"This is a --quick run ({repro.quick.text}). The notes below are written for the full "
+        f"budget ({repro.full.text}): where they quote its steps, seeds or sizes, they describe "
+        "that run, not this one."
+    )
+
+
+def evidence_name(name: str, norm: str | None) -> str:
+    """NAME, or NAME+X for a run with the norm X added."""
+    return f"{name}+{norm}" if norm else name
+
+
+def _plugin(jobs: pd.DataFrame) -> str | None:
+    """The plugin module the jobs imported (their plugins=[...] override), if any."""
+    for overrides in jobs.get("overrides", []):
+        found = re.search(r"plugins=\[([^\]]+)\]", str(overrides))
+        if found:
+            return found.group(1)
+    return None
+
+
+def _free_counts(repro: Reproduction, jobs: pd.DataFrame) -> pd.Series:
+    """Seeds per arm, arms of a grid that keeps its own count aside (unless every arm ran that
+    many)."""
+    counts = jobs.groupby("arm")["seed"].nunique()
+    own = [g.seeds for g in repro.grids if g.seeds is not None]
+    free = counts[~counts.isin(own)]
+    return free if len(free) else counts
+
+
+def seeds_given(repro: Reproduction, jobs: pd.DataFrame) -> int:
+    """The --seeds behind a jobs.csv: the most seeds an arm ran (pilots' own counts aside)."""
+    return int(_free_counts(repro, jobs).max())
+
+
+def seeds_decided(repro: Reproduction, jobs: pd.DataFrame) -> bool:
+    """Whether a jobs.csv's arms ran unequal seed counts (pilots' own counts aside): seeds to a
+    decision (--decide) ran more where a claim planned more."""
+    return _free_counts(repro, jobs).nunique() > 1
+
+
+def redraw(name: str, quick: bool, root: Path, norm: str | None = None) -> dict[str, Path]:
+    """Draw NAME's (or NAME+norm's) figure, md and claims from its runs.csv and jobs.csv alone."""
+    repro = REPRODUCTIONS[name]
+    out = sweep.figures_dir(root, quick)
+    evidence = evidence_name(name, norm)
+    paths = report.evidence_paths(out, evidence)
+    if not paths["runs"].is_file():
+        raise SystemExit(f"{evidence}: no {paths['runs']} to redraw from (run it first)")
+    data = pd.read_csv(paths["runs"])
+    jobs = pd.read_csv(paths["jobs"], keep_default_na=False, na_values={"wall_time_s": [""]})
+    seeds = seeds_given(repro, jobs)
+    title = repro.title + (f"; with the norm {norm}" if norm else "")
+    result = repro.render(data)
+    if quick and result.notes:  # the analysis writes its notes for the full budget
+        result.notes.insert(0, quick_note(repro))
+    plugin = _plugin(jobs) if norm else None
+    return report.write_evidence(
+        result, out, evidence, title,
+        command_text(name, quick, seeds, norm, plugin, seeds_decided(repro, jobs)),
+        repro.budget(quick).text, jobs, default_seeds(quick, name), seed_cap(quick, name),
+        redraw_text(name, quick, norm, plugin), smoke=quick,
+    )  # fmt: skip
+
+
+def redraw_text(name: str, quick: bool, norm: str | None, plugin: str | None) -> str:
+    """The command that redraws a figure's files, as the md prints it (NAME+X: with --norm)."""
+    cmd = f"python scripts/reproduce.py {name}"
+    if norm:
+        cmd += f" --norm {norm}" + (f" --plugin {plugin}" if plugin else "")
+    return cmd + " --redraw" + (" --quick" if quick else "")
+
+
+def _merge(new: pd.DataFrame, path: Path, jobs: Callable[[pd.DataFrame], pd.Series] | None = None
+           ) -> pd.DataFrame:  # fmt: skip
+    """new's rows in place of the rows of the same arms in the file at path (if any); with
+    `jobs` (rows -> mask of the rows of the jobs this invocation ran), only new's rows of those
+    jobs, in place of those rows of the same arms (the sweep dir also holds the grid's other
+    finished jobs, e.g. the other seeds of a `--subset seed=2`, whose rows stay as they were)."""
+    if jobs is not None:
+        new = new[jobs(new)]
+    if not path.is_file():
+        return new
+    old = pd.read_csv(path, keep_default_na=False, na_values={"wall_time_s": [""], "x": [""],
+                                                              "value": [""]})  # fmt: skip
+    replaced = old["arm"].isin(set(new["arm"]))
+    if jobs is not None:
+        replaced &= jobs(old)
+    kept = old[~replaced]
+    return pd.concat([kept, new], ignore_index=True).sort_values(["arm", "seed"], kind="stable")
+
+
+Subset = list[tuple[str, list[str]]]  # --subset's (KEY, values), one per option
+
+
+def parse_subset(text: str) -> tuple[str, list[str]] | None:
+    """One --subset KEY=V1,V2 -> (KEY, [V1, V2]); None if it is not of that form."""
+    key, sep, values = text.partition("=")
+    if not (key and sep and values) or "=" in values or "" in values.split(","):
+        return None
+    return key, values.split(",")
+
+
+def reproduce(
+    name: str,
+    quick: bool,
+    jobs: int,
+    root: Path,
+    seeds: int | None,
+    grids: list[str] | None = None,
+    norm: str | None = None,
+    plugin: str | None = None,
+    collect: bool = False,
+    threads: int | None = None,
+    subset: Subset | None = None,
+    cut: dict[str, tuple[str, ...]] | None = None,
+) -> Path:
+    """Run one NAME's sweeps (reusing finished jobs) and write its figure, data and md. With
+    `grids`, only those grids run and their arms' rows replace the same arms' rows in the
+    evidence already there (the other arms' rows kept as they are); with `subset` ((KEY,
+    values), ...), only their jobs at those values of every KEY run, and only those jobs' rows
+    are replaced (Reproduction.rows_at); with `norm`, the norm
+    joins the grids that compare norms (Reproduction.with_norm; `cut`: overrides per grid, a
+    report card's slot)."""
+    repro = REPRODUCTIONS[name]
+    if seeds is None:
+        seeds = default_seeds(quick, name)
+    try:
+        if norm:
+            repro = repro.with_norm(norm, plugin, cut)
+        if grids:
+            repro = repro.only(grids)
+        for key, values in subset or ():
+            repro = repro.narrow(key, values, quick, seeds)
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
+    took = None if collect else estimate_before(repro, quick, jobs, seeds, bool(grids or norm),
+                                                root)  # fmt: skip
+    if took:
+        print(f"{name}: {took}; finished jobs are reused", flush=True)
+    # --collect: the finished jobs as they are (each keeps its own code version in jobs.csv)
+    seconds = 0.0 if collect else run_showing_progress(repro, quick, root, jobs, seeds, threads)
+    runs = sweep.runs(repro, quick, root, seeds)
+    if not runs:
+        raise SystemExit(f"{name}: no jobs in {sweep.sweep_dir(root, name, quick)}")
+    if repro.finish is not None:
+        repro.finish(runs, max(1, min(jobs, repro.max_jobs or jobs)), sweep.REPO)
+    frame = sweep.jobs_frame(runs)  # read once: the message below and the landing
+    bad, of = not_ok(frame, subset)
+    if bad:
+        print(f"{name}: {bad} of {of} jobs not ok (see the md's jobs table)")
+    paths = report.evidence_paths(sweep.figures_dir(root, quick), evidence_name(name, norm))
+    paths["runs"].parent.mkdir(parents=True, exist_ok=True)
+    data = repro.extract(runs)[report.RUNS_COLUMNS]
+    rows = partial(repro.rows_at, subset=subset) if subset else None
+    ran = partial(_jobs_at, subset=subset) if subset else None
+    with file_lock(sweep.sweep_dir(root, name, quick) / EVIDENCE_LOCK):
+        land_evidence(data, frame, paths, bool(grids), rows, ran)
+        paths = redraw(name, quick, root, norm)  # the md from the files, as --redraw makes it
+    print(f"{name}: {seconds:.0f} s, wrote {paths['md']} (+ figure, data)", flush=True)
+    return paths["md"]
+
+
+def land_evidence(
+    data: pd.DataFrame,
+    jobs: pd.DataFrame,
+    paths: dict[str, Path],
+    merge: bool,
+    rows: Callable[[pd.DataFrame], pd.Series] | None = None,
+    ran: Callable[[pd.DataFrame], pd.Series] | None = None,
+) -> None:
+    """Write runs.csv and jobs.csv; with `merge` (--grids), the rows in place of the same arms'
+    (of the same jobs' with `rows` and `ran`: --subset) in the files there. Called under NAME's
+    EVIDENCE_LOCK: two reproduce processes of one NAME on different --grids (a core each) read,
+    merge and write the same files when they finish, one at a time."""
+    if merge:
+        data, jobs = _merge(data, paths["runs"], rows), _merge(jobs, paths["jobs"], ran)
+    data.to_csv(paths["runs"], index=False, float_format=report.FLOAT)
+    jobs.to_csv(paths["jobs"], index=False, float_format=report.FLOAT)
+
+
+def not_ok(jobs: pd.DataFrame, subset: Subset | None) -> tuple[int, int]:
+    """How many of this invocation's jobs (a jobs frame's rows; with --subset, the subset's
+    alone, not the sweep dir's other jobs) are not ok, and of how many."""
+    ours = jobs[_jobs_at(jobs, subset)] if subset else jobs
+    return int((ours["status"] != "ok").sum()), len(ours)
+
+
+def _jobs_at(jobs: pd.DataFrame, subset: Subset) -> pd.Series:
+    """Which rows of a jobs.csv ran at the subset's values of every key (their overrides)."""
+
+    def at(overrides: str) -> bool:
+        given = parse_overrides(str(overrides))
+        return all(any(same_value(given.get(k), v) for v in values) for k, values in subset)
+
+    return jobs["overrides"].map(at).astype(bool)
+
+
+def arm_pattern(grid_arm: str) -> re.Pattern[str]:
+    """The arms a grid's jobs run as: its arm, where each interpolation of a swept key
+    (`pilot/lr${optim.optimizer.lr}`) stands for any value (`pilot/lr0.002`)."""
+    parts = re.split(r"\$\{[^}]*\}", grid_arm)
+    # a value stands within one path segment: `${placement.name}/d${depth}` (the loss grid's
+    # `post/d6`) must not match another grid's `update/post/d6/w0`
+    return re.compile("[^/]+?".join(map(re.escape, parts)))
+
+
+def reads(arms: str, grid_arm: str) -> bool:
+    """Whether a claim whose arms are `arms` (claims.csv, space-joined) reads a grid's arm: one
+    of the arms its jobs run as, or one of their settings (`batchnorm/b2` of `batchnorm`)."""
+    pattern = arm_pattern(grid_arm)
+    return any(pattern.fullmatch(a) or pattern.fullmatch(a.rsplit("/", 1)[0]) for a in arms.split())
+
+
+def seeds_to_decide(claims_csv: Path, cap: int, grids: list[Grid]) -> dict[str, int]:
+    """Per grid name: the seeds the undecided claims that read its arms plan for (the most any
+    of them needs, at most `cap`); a grid no undecided claim with a plan reads is left out."""
+    claims = pd.read_csv(claims_csv, keep_default_na=False, na_values={"planned_seeds": [""]})
+    open_ = claims[claims["verdict"].str.startswith("undecided") & claims["planned_seeds"].notna()]
+    arms = open_["arms"] if "arms" in open_ else pd.Series("", index=open_.index)
+    unnamed = open_[arms.str.strip() == ""]
+    if len(unnamed):  # its seeds would go to no grid, or (read as every grid's) to all of them
+        what = unnamed["claim"].iloc[0]
+        raise SystemExit(f"{claims_csv.name}: the undecided claim '{what}' plans seeds but names "
+                         "no arms: its analysis must pass Claim(arms=...)")  # fmt: skip
+    plan: dict[str, int] = {}
+    for g in grids:
+        planned = zip(arms, open_["planned_seeds"], strict=True)
+        needs = [int(n) for a, n in planned if reads(a, g.arm)]
+        if needs:
+            plan[g.name] = max(plan.get(g.name, 0), min(cap, max(needs)))
+    return plan
+
+
+QUICK_CAP = 3  # --decide --quick: a smoke test of the plan, one seed past the quick ones
+
+
+def seeds_run(jobs_csv: Path, grids: list[Grid]) -> dict[str, set[int]]:
+    """Per grid name: the seeds every arm of it has in the evidence, each with all its jobs ok
+    (as many as the arm's most complete seed has: every value of a swept key, e.g. each b)."""
+    if not jobs_csv.is_file():
+        return {}
+    jobs = pd.read_csv(jobs_csv, keep_default_na=False)
+    found: dict[str, set[int]] = {}
+    for g in grids:
+        mine = jobs[jobs["arm"].str.fullmatch(arm_pattern(g.arm).pattern)]
+        if mine.empty:
+            found[g.name] = set()
+        for _, arm in mine.groupby("arm"):  # each arm its jobs run as (an lr of a pilot's)
+            counts = arm.groupby("seed")["status"].agg(lambda s: (len(s), (s == "ok").all()))
+            full = max(n for n, _ in counts)
+            seeds = {int(s) for s, (n, ok) in counts.items() if ok and n == full}
+            found[g.name] = found.get(g.name, seeds) & seeds
+    return found
+
+
+def decide(name: str, quick: bool, jobs: int, root: Path, grids: list[str] | None,
+           threads: int | None = None) -> Path:  # fmt: skip
+    """Seeds to a decision: the reproduction at its initial seeds, then, once, each grid at the
+    seeds the undecided claims that read its arms plan for (up to the declared cap). Only the
+    seeds a grid's evidence lacks run, landed beside the others (--subset seed=..), so a machine
+    without the earlier sweep dirs reruns no finished seed. Grids no undecided claim reads, and
+    grids with a seed count of their own (pilots), are not run."""
+    repro = REPRODUCTIONS[name]
+    initial = default_seeds(quick, name)
+    cap = seed_cap(quick, name)
+    paths = report.evidence_paths(sweep.figures_dir(root, quick), name)
+    chosen = [g for g in repro.grids
+              if (grids is None or g.name in grids) and (quick or g.seeds is None)]  # fmt: skip
+
+    def run_missing(target: dict[str, int], why: str) -> None:
+        held, todo = seeds_run(paths["jobs"], chosen), {}
+        for g, n in target.items():
+            missing = tuple(s for s in range(n) if s not in held.get(g, set()))
+            if missing:
+                todo.setdefault((n, missing), []).append(g)
+        for (n, missing), names in sorted(todo.items()):
+            seeds = ",".join(map(str, missing))
+            print(f"{name}: {why.format(grids=', '.join(names), n=n, cap=cap)}; running seed(s) "
+                  f"{seeds}", flush=True)  # fmt: skip
+            reproduce(name, quick, jobs, root, n, names, threads=threads,
+                      subset=[("seed", list(map(str, missing)))])  # fmt: skip
+
+    if not paths["claims"].is_file():  # nothing drawn yet: the first seeds, every job
+        reproduce(name, quick, jobs, root, initial, grids, threads=threads)
+    else:
+        run_missing({g.name: initial for g in chosen}, "grids {grids} lack of the first {n} seeds")
+    plan = {g: n for g, n in seeds_to_decide(paths["claims"], cap, chosen).items() if n > initial}
+    if not plan:
+        print(f"{name}: no undecided claim plans more than {initial} seeds")
+    run_missing(plan, "the undecided claims on grids {grids} plan {n} seeds (cap {cap})")
+    # the design's third look (normlab.analysis.sequential): still undecided at the plan, the cap
+    last = {g: cap for g in seeds_to_decide(paths["claims"], cap, chosen) if plan.get(g, 0) < cap}
+    run_missing(last, "claims on grids {grids} still undecided at their plan: the cap, {n} seeds")
+    return paths["md"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("name", nargs="?", help=f"one of {list(REPRODUCTIONS)} or 'all'")
+    parser.add_argument("--quick", action="store_true", help="tiny budget (about a minute each)")
+    parser.add_argument("--jobs", type=int, default=1, help="parallel jobs (joblib launcher)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads per job (default: the cores shared out between the --jobs, "
+        "OMP_NUM_THREADS of them where set; 1 runs two reproductions side by side)",
+    )
+    parser.add_argument("--root", type=Path, default=REPO, help="where outputs/ goes")
+    parser.add_argument("--list", action="store_true", help="print names and budgets")
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        default=None,
+        help=f"seeds per arm (default: the declared initial seeds; {QUICK_SEEDS} quick)",
+    )
+    parser.add_argument(
+        "--redraw", action="store_true", help="redraw from the committed runs.csv, no training"
+    )
+    parser.add_argument(
+        "--readme", action="store_true", help="rewrite README's Results table from claims files"
+    )
+    parser.add_argument(
+        "--grids",
+        help="comma-separated grids (or fixed arms, e.g. dit/layernorm) to run; their arms "
+        "replace those in the evidence",
+    )
+    parser.add_argument(
+        "--subset",
+        action="append",
+        help="KEY=V,..: with --grids, run only the jobs at these values of a swept key (e.g. "
+        "per_device=2, or seed=0,1); only those jobs' rows replace the evidence's; repeat it "
+        "for more keys",
+    )
+    parser.add_argument("--norm", help="a registered norm to add as an arm (norm=custom)")
+    parser.add_argument(
+        "--collect",
+        action="store_true",
+        help="no training: the jobs already in the sweep dirs (run by hand, on a cluster, or "
+        "before a cut) into the evidence, each with its own code version",
+    )
+    parser.add_argument(
+        "--decide",
+        action="store_true",
+        help="seeds to a decision: the declared initial seeds, then once the seeds the "
+        "undecided claims plan for, up to the declared cap",
+    )
+    parser.add_argument("--plugin", help="module that registers --norm (plugins=[MODULE])")
+    return parser
+
+
+def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Subset:
+    """The options' combinations that cannot work fail here, in one line; the parsed --subset."""
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be >= 1, got {args.threads}")
+    if args.seeds is not None and args.seeds < 1:
+        parser.error(f"--seeds must be >= 1, got {args.seeds}")
+    if args.name not in (*REPRODUCTIONS, "all"):
+        parser.error(f"NAME must be one of {list(REPRODUCTIONS)} or 'all', got {args.name!r}")
+    if args.plugin and not args.norm:
+        parser.error("--plugin goes with --norm (the norm it registers)")
+    if args.decide and (args.seeds or args.norm or args.collect or args.redraw):
+        parser.error("--decide plans its own seeds: not with --seeds, --norm, --collect or "
+                     "--redraw")  # fmt: skip
+    if (args.grids or args.norm) and args.name == "all":
+        parser.error("--grids and --norm take one NAME, not 'all'")
+    if args.subset and not args.grids:
+        parser.error("--subset goes with --grids (the grids whose jobs it selects)")
+    if args.subset and (args.decide or args.redraw or args.norm):
+        parser.error("--subset selects jobs to run or collect: not with --decide, --redraw or "
+                     "--norm")  # fmt: skip
+    subset = [parse_subset(text) for text in args.subset or ()]
+    for text, parsed in zip(args.subset or (), subset, strict=True):
+        if parsed is None:
+            parser.error(f"--subset takes KEY=VALUE[,VALUE...], got {text!r}")
+    if len({key for key, _ in subset}) < len(subset):  # type: ignore[misc]
+        parser.error("--subset: one option per key")
+    return subset  # type: ignore[return-value]  # None parsed: parser.error above
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python scripts/reproduce.py ...` and `normlab-reproduce ...` (argv: sys.argv[1:])."""
+    given = sys.argv[1:] if argv is None else argv
+    if given[:1] == ["card"]:  # a norm's report card: normlab.analysis.report_card
+        from normlab.analysis import report_card
+
+        report_card.main(given[1:])
+        return
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.list:
+        print(list_names())
+        return
+    if args.readme:
+        print(f"wrote {update_readme(args.root.resolve())}")
+        return
+    subset = _check(parser, args)
+    grids = [g for g in args.grids.split(",") if g] if args.grids else None
+    names = list(REPRODUCTIONS) if args.name == "all" else [args.name]
+    interrupt = Interrupt()
+    before = signal.signal(signal.SIGINT, interrupt)
+    try:
+        _run(args, names, grids, interrupt, subset)
+    except (KeyboardInterrupt, SystemExit, RuntimeError) as err:
+        if not (interrupt.requested or isinstance(err, KeyboardInterrupt)):
+            raise
+        raise interrupt.stop(sys.argv[1:] if argv is None else argv, args.root.resolve()) from None
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def _run(args: argparse.Namespace, names: list[str], grids: list[str] | None,
+         interrupt: Interrupt, subset: Subset | None = None) -> None:  # fmt: skip
+    start, failed = time.time(), []
+    for name in names:
+        if interrupt.requested:
+            raise KeyboardInterrupt
+        try:
+            if args.redraw:
+                paths = redraw(name, args.quick, args.root.resolve(), args.norm)
+                print(f"{name}: redrew {paths['md']} from {paths['runs']}")
+            elif args.decide:
+                decide(name, args.quick, args.jobs, args.root.resolve(), grids, args.threads)
+            else:
+                reproduce(name, args.quick, args.jobs, args.root.resolve(), args.seeds, grids,
+                          args.norm, args.plugin, args.collect, args.threads, subset)  # fmt: skip
+        except (SystemExit, RuntimeError) as err:
+            if args.name != "all" or interrupt.requested:
+                raise
+            print(f"{name}: FAILED: {err}", file=sys.stderr, flush=True)
+            failed.append(name)
+    if interrupt.requested:  # a Ctrl+C its jobs swallowed (one landing in a teardown, say):
+        raise KeyboardInterrupt  # it still stops here and says how to continue
+    if len(names) > 1:
+        print(f"all: {time.time() - start:.0f} s; failed: {failed or 'none'}")
+    if failed:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
