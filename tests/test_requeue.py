@@ -84,3 +84,44 @@ def test_a_job_signalled_at_its_timeout_is_requeued_and_resumes_from_last_ckpt(t
     with open(job / "csv" / "metrics.csv") as f:
         steps = [int(r["step"]) for r in csv.DictReader(f) if r.get("train/loss_step")]
     assert steps == sorted(set(steps)) and len(steps) == STEPS // 10, steps
+
+
+def test_lightning_takes_no_signal_submitit_handles_already(monkeypatch):
+    """Why slurm.yaml leaves Lightning's SLURM auto-requeue out: configured to submitit's signal
+    (SLURMEnvironment(requeue_signal=SIGUSR2)), Lightning installs nothing over the handler
+    submitit installed before the task ran; on its own SIGUSR1, which nobody sends, it does."""
+    import signal
+
+    import lightning.pytorch as pl
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    for name, value in {
+        "SLURM_NTASKS": "1",
+        "SLURM_JOB_NAME": "train",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": "0",
+        "SLURM_JOB_ID": "1",
+    }.items():
+        monkeypatch.setenv(name, value)  # fmt: skip
+
+    def submitits(signum, frame):  # stands for submitit's SignalHandler.checkpoint_and_try_requeue
+        raise AssertionError("not called here")
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)}
+    try:
+        signal.signal(signal.SIGUSR2, submitits)
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        for requeue_signal, taken in ((signal.SIGUSR2, False), (signal.SIGUSR1, True)):
+            slurm = SLURMEnvironment(auto_requeue=True, requeue_signal=requeue_signal)
+            trainer = pl.Trainer(plugins=[slurm], accelerator="cpu", devices=1, logger=False)
+            assert trainer._accelerator_connector.cluster_environment is slurm
+            trainer._signal_connector.register_signal_handlers()
+            try:
+                handler = signal.getsignal(requeue_signal)
+                assert (handler is not submitits and handler != signal.SIG_DFL) is taken
+            finally:
+                trainer._signal_connector.teardown()
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
