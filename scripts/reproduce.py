@@ -7,11 +7,11 @@
     python scripts/reproduce.py NAME --collect     # the jobs already in its sweep dirs, no
                                                    # training (each keeps its code version)
     python scripts/reproduce.py NAME --launcher slurm [--launcher-arg partition=gpu ...]
-                                                   # each grid's jobs as a SLURM job array
+                                                   # each arm's jobs as a SLURM job array
                                                    # (conf/hydra/launcher/slurm.yaml), from a
                                                    # login node; --collect reads them back
     python scripts/reproduce.py NAME --launcher local   # the same through submitit's local
-                                                   # executor on this machine (all of a grid's
+                                                   # executor on this machine (all of an arm's
                                                    # jobs at once, a share of the cores each)
     python scripts/reproduce.py NAME --grids G,..  # run only these grids; their arms' rows
                                                    # replace those in the committed runs.csv
@@ -619,9 +619,10 @@ def main(argv: list[str] | None = None) -> None:
         "--launcher",
         choices=sorted(sweep.LAUNCHERS),
         help="send each grid's jobs through this Hydra launcher instead of running them here: "
-        "slurm (a SLURM job array per grid, from a login node; conf/hydra/launcher/slurm.yaml) "
-        "or local (submitit on this machine, every job of a grid at once); a job at its time "
-        "limit is requeued and resumes from its last.ckpt",
+        "slurm (a SLURM job array per multirun, one multirun per arm of a grid, from a login "
+        "node; conf/hydra/launcher/slurm.yaml) or local (submitit on this machine, every job "
+        "of a multirun at once); a job at its time limit is requeued and resumes from its "
+        "last.ckpt",
     )
     parser.add_argument(
         "--launcher-arg",
@@ -656,7 +657,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.launcher and args.jobs != 1:
         parser.error("--jobs runs jobs at once on this machine (joblib): with --launcher the "
                      "launcher decides (slurm: hydra.launcher.array_parallelism; local: all "
-                     "of a grid)")  # fmt: skip
+                     "of a multirun)")  # fmt: skip
     if args.launcher_arg and not args.launcher:
         parser.error("--launcher-arg goes with --launcher")
     for text in args.launcher_arg or ():
