@@ -373,9 +373,11 @@ def run(
     # summary.csv, and the same job run with another --jobs must still count as done.
     if launcher == "slurm":  # a job's torch takes the cores SLURM gives it (cpus_per_task)
         env = threads_env(threads) if threads else dict(os.environ)
-    else:  # submitit's local executor starts every job of a multirun at once: they share the cores
+    elif launcher == "local":  # submitit's local executor starts every job of a multirun at once
         at_once = max(grid_size(g, repro.budget(quick), quick, seeds) for g in repro.grids)
-        env = threads_env(job_threads(at_once if launcher else jobs, threads))
+        env = threads_env(job_threads(at_once, threads))
+    else:
+        env = threads_env(job_threads(jobs, threads))
     if repro.prepare is not None:
         repro.prepare(REPO)
     start = time.time()
