@@ -85,7 +85,7 @@ def test_optuna_search_two_trials_returns_val_acc(tmp_path):
     assert result["best_value"] == pytest.approx(best)  # the jobs returned cfg.objective = val/acc
 
 
-LAUNCHERS = ["basic", "joblib", "submitit_local", "submitit_slurm", "slurm"]
+LAUNCHERS = ["basic", "joblib", "submitit_local", "submitit_slurm", "slurm", "local"]
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
@@ -104,10 +104,14 @@ def test_every_launcher_option_composes_without_hydras_schema_matching_warning(l
         warnings.simplefilter("always")
         cfg = compose("train", [f"hydra/launcher={launcher}"], return_hydra_config=True)
     assert not [w for w in caught if "ConfigStore schema" in str(w.message)]
+    if launcher == "local":
+        local = cfg.hydra.launcher
+        assert local._target_.endswith("LocalLauncher") and local.timeout_min == 4320
     if launcher == "slurm":
         slurm = cfg.hydra.launcher
         assert slurm._target_.endswith("SlurmLauncher")  # from the plugin's schema
         assert (slurm.timeout_min, slurm.cpus_per_task, slurm.mem_gb) == (240, 4, 16)  # ours
+        assert slurm.max_num_timeout > 0  # a job at its time limit is requeued (resumes)
         with (
             pytest.raises(Exception, match="timeout_mins"),
             initialize_config_dir(str(REPO / "conf"), version_base="1.3"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import re
 import shutil
@@ -809,3 +810,89 @@ def test_a_quick_md_says_its_notes_describe_the_full_budget(tmp_path: Path):
     assert REPRODUCTIONS[name].full.text in notes.splitlines()[0]
     full = script.redraw(name, False, tmp_path)  # no such note in a full run's md
     assert "This is a --quick run" not in full["md"].read_text()
+
+
+def test_launcher_options_are_checked_before_any_work(tmp_path):
+    done = reproduce("bn_lenet", "--quick", "--launcher", "pbs", root=tmp_path)
+    assert done.returncode == 2 and "invalid choice: 'pbs'" in done.stderr
+    assert "'local', 'slurm'" in done.stderr  # the valid ones named
+    done = reproduce("bn_lenet", "--quick", "--launcher", "local", "--jobs", "2", root=tmp_path)
+    assert done.returncode == 2 and "with --launcher the launcher decides" in done.stderr
+    done = reproduce("bn_lenet", "--quick", "--launcher", "local", "--collect", root=tmp_path)
+    assert done.returncode == 2 and "--launcher runs jobs: not with --collect" in done.stderr
+    done = reproduce("bn_lenet", "--quick", "--launcher-arg", "partition=gpu", root=tmp_path)
+    assert done.returncode == 2 and "--launcher-arg goes with --launcher" in done.stderr
+    done = reproduce("bn_lenet", "--quick", "--launcher", "slurm", "--launcher-arg", "partition",
+                     root=tmp_path)  # fmt: skip
+    assert done.returncode == 2 and "--launcher-arg takes KEY=VALUE" in done.stderr
+    # no SLURM here (sbatch on no PATH entry): one line, before any work
+    bare = {**os.environ, "PATH": str(Path(sys.executable).parent)}
+    assert shutil.which("sbatch", path=bare["PATH"]) is None
+    cmd = [*SCRIPT, "bn_lenet", "--quick", "--launcher", "slurm", "--root", str(tmp_path)]
+    done = subprocess.run(cmd, cwd=REPO, env=bare, capture_output=True, text=True)
+    assert done.returncode == 1 and done.stderr.strip() == (
+        "error: --launcher slurm: no sbatch on this machine (not a SLURM login node): run it "
+        "where sbatch is, or use --launcher local"
+    )
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_launcher_sends_every_grids_multirun_through_hydras_launcher(tmp_path, monkeypatch):
+    """Each grid's `train.py -m` gets hydra/launcher=<normlab's preset> and the --launcher-arg
+    values as hydra.launcher.KEY=VALUE (Hydra's overrides: not the jobs' identity); no joblib.
+    SLURM jobs take their cores from SLURM, local ones share this machine's."""
+    repro = REPRODUCTIONS["bn_lenet"].only(["lenet", "mlp"])
+    seen = []
+
+    def fake_run(cmd, **kwargs):
+        seen.append((json.loads(cmd[-1]), kwargs["env"]))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(sweep.subprocess, "run", fake_run)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    sweep.run(repro, True, tmp_path, 1, 2, launcher="slurm",
+              launcher_args=("partition=gpu", "timeout_min=600"))  # fmt: skip
+    sweep.run(repro, True, tmp_path, 1, 2, launcher="local")
+    sweep.run(repro, True, tmp_path, 2, 2)  # no launcher: joblib, as before
+    (slurm, slurm_env), (local, local_env), (here, _) = seen
+    assert len(slurm) == len(local) == len(here) == len(repro.grids)
+    for args in slurm:
+        assert args[-3:] == ["hydra/launcher=slurm", "hydra.launcher.partition=gpu",
+                             "hydra.launcher.timeout_min=600"]  # fmt: skip
+    assert all(args[-1] == "hydra/launcher=local" for args in local)
+    assert not any("joblib" in a for args in slurm + local for a in args)
+    assert all("hydra/launcher=joblib" in args for args in here)
+    assert "OMP_NUM_THREADS" not in slurm_env  # SLURM pins cpus_per_task cores per job
+    at_once = max(sweep.grid_size(g, repro.budget(True), True, 2) for g in repro.grids)
+    assert at_once > 1 and local_env["OMP_NUM_THREADS"] == str(sweep.job_threads(at_once))
+    # the jobs are the same jobs (the same task overrides) whichever launcher runs them
+    strip = lambda args: [a for a in args if not a.startswith(("hydra/", "hydra.launcher"))]  # noqa: E731
+    assert [strip(a) for a in slurm] == [strip(a) for a in local] == [strip(a) for a in here]
+
+
+@pytest.mark.slow
+def test_launcher_local_runs_a_quick_reproduction_and_collect_reads_it_back(tmp_path):
+    """bn_lenet --quick, shrunk to its cheapest grid at one seed (2 jobs), through submitit's
+    local executor; then --collect rebuilds the same evidence from the sweep dir, no training."""
+    shrunk = ["bn_lenet", "--quick", "--grids", "mlp", "--subset", "seed=0", "--threads", "1"]
+    done = reproduce(*shrunk, "--launcher", "local", root=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout + done.stderr
+    assert "hydra/launcher=local" in out and "Submitit 'local' sweep output dir" in out
+    sweep_dir = tmp_path / "outputs" / "reproduce" / "bn_lenet-quick" / "mlp"
+    submitted = [p for p in (sweep_dir / ".submitit").iterdir() if p.name.isdigit()]
+    figures = tmp_path / "outputs" / "figures" / "quick"
+    jobs = pd.read_csv(figures / "bn_lenet" / "jobs.csv")
+    assert len(submitted) == len(jobs) == 2  # each job a submitit job
+    assert (jobs["status"] == "ok").all() and sorted(jobs["arm"]) == ["mlp/batchnorm", "mlp/none"]
+    runs = pd.read_csv(figures / "bn_lenet" / "runs.csv")
+    logs = sorted(sweep_dir.rglob("csv/metrics.csv"))
+    before = {p: p.stat().st_mtime_ns for p in logs}
+    for path in (figures / "bn_lenet" / "jobs.csv", figures / "bn_lenet" / "runs.csv"):
+        path.unlink()
+    collected = reproduce(*shrunk[:-2], "--collect", root=tmp_path)
+    assert collected.returncode == 0, collected.stderr[-3000:]
+    assert {p: p.stat().st_mtime_ns for p in logs} == before  # nothing trained again
+    again = pd.read_csv(figures / "bn_lenet" / "jobs.csv")
+    pd.testing.assert_frame_equal(again, jobs)
+    pd.testing.assert_frame_equal(pd.read_csv(figures / "bn_lenet" / "runs.csv"), runs)

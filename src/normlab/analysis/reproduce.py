@@ -6,6 +6,13 @@
     python scripts/reproduce.py NAME --redraw      # from the committed runs.csv, no training
     python scripts/reproduce.py NAME --collect     # the jobs already in its sweep dirs, no
                                                    # training (each keeps its code version)
+    python scripts/reproduce.py NAME --launcher slurm [--launcher-arg partition=gpu ...]
+                                                   # each arm's jobs as a SLURM job array
+                                                   # (conf/hydra/launcher/slurm.yaml), from a
+                                                   # login node; --collect reads them back
+    python scripts/reproduce.py NAME --launcher local   # the same through submitit's local
+                                                   # executor on this machine (all of an arm's
+                                                   # jobs at once, a share of the cores each)
     python scripts/reproduce.py NAME --grids G,..  # run only these grids; their arms' rows
                                                    # replace those in the committed runs.csv
     python scripts/reproduce.py NAME --grids G --subset KEY=V,..   # only the jobs at these
@@ -30,10 +37,10 @@ those grids, and the evidence goes to NAME+X.* beside NAME's, the built-in arms'
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
 import shlex
+import shutil
 import signal
 import sys
 import threading
@@ -97,11 +104,7 @@ QUICK_JOB_S = 60.0  # a --quick job: about a minute (--help says so)
 
 def job_total(repro: Reproduction, quick: bool, seeds: int | None) -> int:
     """How many jobs the grids of repro make: the product of each grid's swept values."""
-    total = 0
-    for g in repro.grids:
-        values = sweep.grid_values(g, repro.budget(quick), quick, g.seed_count(seeds, quick))
-        total += math.prod(len(v) for v in values.values())
-    return total
+    return sum(sweep.grid_size(g, repro.budget(quick), quick, seeds) for g in repro.grids)
 
 
 def finished_jobs(repro: Reproduction, quick: bool, root: Path | None, seeds: int | None) -> int:
@@ -158,7 +161,8 @@ def progress_line(name: str, done: int, total: int, fresh: int, elapsed: float) 
 
 def run_showing_progress(
     repro: Reproduction, quick: bool, root: Path, jobs: int, seeds: int | None,
-    threads: int | None, every: float = 15.0,
+    threads: int | None, every: float = 15.0, launcher: str | None = None,
+    launcher_args: tuple[str, ...] = (),
 ) -> float:  # fmt: skip
     """sweep.run, printing progress_line every `every` s when more jobs have finished (read
     back from the grids' summaries, as the analysis reads them)."""
@@ -186,7 +190,8 @@ def run_showing_progress(
     outer = os.environ.get(OUTER_ENV)
     os.environ[OUTER_ENV] = "1"  # the jobs leave the continue line to this command (or a card)
     try:
-        return sweep.run(repro, quick, root, jobs, seeds, threads=threads)
+        return sweep.run(repro, quick, root, jobs, seeds, threads=threads, launcher=launcher,
+                         launcher_args=launcher_args)  # fmt: skip
     finally:
         stop.set()
         watcher.join(timeout=5)
@@ -380,6 +385,8 @@ def reproduce(
     threads: int | None = None,
     subset: Subset | None = None,
     cut: dict[str, tuple[str, ...]] | None = None,
+    launcher: str | None = None,
+    launcher_args: tuple[str, ...] = (),
 ) -> Path:
     """Run one NAME's sweeps (reusing finished jobs) and write its figure, data and md. With
     `grids`, only those grids run and their arms' rows replace the same arms' rows in the
@@ -387,7 +394,8 @@ def reproduce(
     values), ...), only their jobs at those values of every KEY run, and only those jobs' rows
     are replaced (Reproduction.rows_at); with `norm`, the norm
     joins the grids that compare norms (Reproduction.with_norm; `cut`: overrides per grid, a
-    report card's slot)."""
+    report card's slot); with `launcher` (sweep.LAUNCHERS), the jobs go through that Hydra
+    launcher (`launcher_args`: KEY=VALUE set on it), and are read back as any other's."""
     repro = REPRODUCTIONS[name]
     if seeds is None:
         seeds = default_seeds(quick, name)
@@ -405,7 +413,10 @@ def reproduce(
     if took:
         print(f"{name}: {took}; finished jobs are reused", flush=True)
     # --collect: the finished jobs as they are (each keeps its own code version in jobs.csv)
-    seconds = 0.0 if collect else run_showing_progress(repro, quick, root, jobs, seeds, threads)
+    seconds = 0.0
+    if not collect:
+        seconds = run_showing_progress(repro, quick, root, jobs, seeds, threads,
+                                       launcher=launcher, launcher_args=launcher_args)  # fmt: skip
     runs = sweep.runs(repro, quick, root, seeds)
     if not runs:
         raise SystemExit(f"{name}: no jobs in {sweep.sweep_dir(root, name, quick)}")
@@ -521,7 +532,8 @@ def seeds_run(jobs_csv: Path, grids: list[Grid]) -> dict[str, set[int]]:
 
 
 def decide(name: str, quick: bool, jobs: int, root: Path, grids: list[str] | None,
-           threads: int | None = None) -> Path:  # fmt: skip
+           threads: int | None = None, launcher: str | None = None,
+           launcher_args: tuple[str, ...] = ()) -> Path:  # fmt: skip
     """Seeds to a decision: the reproduction at its initial seeds, then, once, each grid at the
     seeds the undecided claims that read its arms plan for (up to the declared cap). Only the
     seeds a grid's evidence lacks run, landed beside the others (--subset seed=..), so a machine
@@ -545,10 +557,12 @@ def decide(name: str, quick: bool, jobs: int, root: Path, grids: list[str] | Non
             print(f"{name}: {why.format(grids=', '.join(names), n=n, cap=cap)}; running seed(s) "
                   f"{seeds}", flush=True)  # fmt: skip
             reproduce(name, quick, jobs, root, n, names, threads=threads,
-                      subset=[("seed", list(map(str, missing)))])  # fmt: skip
+                      subset=[("seed", list(map(str, missing)))], launcher=launcher,
+                      launcher_args=launcher_args)  # fmt: skip
 
     if not paths["claims"].is_file():  # nothing drawn yet: the first seeds, every job
-        reproduce(name, quick, jobs, root, initial, grids, threads=threads)
+        reproduce(name, quick, jobs, root, initial, grids, threads=threads, launcher=launcher,
+                  launcher_args=launcher_args)  # fmt: skip
     else:
         run_missing({g.name: initial for g in chosen}, "grids {grids} lack of the first {n} seeds")
     plan = {g: n for g, n in seeds_to_decide(paths["claims"], cap, chosen).items() if n > initial}
@@ -613,6 +627,22 @@ def _parser() -> argparse.ArgumentParser:
         "undecided claims plan for, up to the declared cap",
     )
     parser.add_argument("--plugin", help="module that registers --norm (plugins=[MODULE])")
+    parser.add_argument(
+        "--launcher",
+        choices=sorted(sweep.LAUNCHERS),
+        help="send each grid's jobs through this Hydra launcher instead of running them here: "
+        "slurm (a SLURM job array per multirun, one multirun per arm of a grid, from a login "
+        "node; conf/hydra/launcher/slurm.yaml) or local (submitit on this machine, every job "
+        "of a multirun at once); a job at its time limit is requeued and resumes from its "
+        "last.ckpt",
+    )
+    parser.add_argument(
+        "--launcher-arg",
+        action="append",
+        metavar="KEY=VALUE",
+        help="with --launcher: set hydra.launcher.KEY=VALUE (e.g. partition=gpu, "
+        "timeout_min=600, account=abc); repeat it for more keys",
+    )
     return parser
 
 
@@ -631,6 +661,19 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Subset:
                      "--redraw")  # fmt: skip
     if (args.grids or args.norm) and args.name == "all":
         parser.error("--grids and --norm take one NAME, not 'all'")
+    if args.launcher and (args.collect or args.redraw or args.readme):
+        parser.error("--launcher runs jobs: not with --collect, --redraw or --readme (which "
+                     "read finished jobs or evidence)")  # fmt: skip
+    if args.launcher and args.jobs != 1:
+        parser.error("--jobs runs jobs at once on this machine (joblib): with --launcher the "
+                     "launcher decides (slurm: hydra.launcher.array_parallelism; local: all "
+                     "of a multirun)")  # fmt: skip
+    if args.launcher_arg and not args.launcher:
+        parser.error("--launcher-arg goes with --launcher")
+    for text in args.launcher_arg or ():
+        key, sep, value = text.partition("=")
+        if not (key and sep and value) or key.startswith(("hydra", "+", "~")):
+            parser.error(f"--launcher-arg takes KEY=VALUE (a key of hydra.launcher), got {text!r}")
     if args.subset and not args.grids:
         parser.error("--subset goes with --grids (the grids whose jobs it selects)")
     if args.subset and (args.decide or args.redraw or args.norm):
@@ -642,6 +685,9 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Subset:
             parser.error(f"--subset takes KEY=VALUE[,VALUE...], got {text!r}")
     if len({key for key, _ in subset}) < len(subset):  # type: ignore[misc]
         parser.error("--subset: one option per key")
+    if args.launcher == "slurm" and shutil.which("sbatch") is None:
+        raise SystemExit("error: --launcher slurm: no sbatch on this machine (not a SLURM login "
+                         "node): run it where sbatch is, or use --launcher local")  # fmt: skip
     return subset  # type: ignore[return-value]  # None parsed: parser.error above
 
 
@@ -679,6 +725,7 @@ def main(argv: list[str] | None = None) -> None:
 def _run(args: argparse.Namespace, names: list[str], grids: list[str] | None,
          interrupt: Interrupt, subset: Subset | None = None) -> None:  # fmt: skip
     start, failed = time.time(), []
+    launcher_args = tuple(args.launcher_arg or ())
     for name in names:
         if interrupt.requested:
             raise KeyboardInterrupt
@@ -687,10 +734,12 @@ def _run(args: argparse.Namespace, names: list[str], grids: list[str] | None,
                 paths = redraw(name, args.quick, args.root.resolve(), args.norm)
                 print(f"{name}: redrew {paths['md']} from {paths['runs']}")
             elif args.decide:
-                decide(name, args.quick, args.jobs, args.root.resolve(), grids, args.threads)
+                decide(name, args.quick, args.jobs, args.root.resolve(), grids, args.threads,
+                       args.launcher, launcher_args)  # fmt: skip
             else:
                 reproduce(name, args.quick, args.jobs, args.root.resolve(), args.seeds, grids,
-                          args.norm, args.plugin, args.collect, args.threads, subset)  # fmt: skip
+                          args.norm, args.plugin, args.collect, args.threads, subset,
+                          launcher=args.launcher, launcher_args=launcher_args)  # fmt: skip
         except (SystemExit, RuntimeError) as err:
             if args.name != "all" or interrupt.requested:
                 raise

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import os
 import re
 import subprocess
@@ -371,15 +372,25 @@ def run(
     seeds: int | None = None,
     log=print,
     threads: int | None = None,
+    launcher: str | None = None,
+    launcher_args: Sequence[str] = (),
 ) -> float:
     """Run (or complete) every grid's sweep, one `train.py -m` multirun each, all in one process
     (normlab.sweep.multiruns: torch and Lightning load once); return the wall time in seconds. A
     sweep in which some jobs failed or diverged (exit code EXIT_JOBS_FAILED) still counts: its
-    summary has their status, and the analysis reads it."""
+    summary has their status, and the analysis reads it. `launcher` (a key of LAUNCHERS) sends
+    each grid's jobs through that Hydra launcher, with `launcher_args` (KEY=VALUE) set on it;
+    None runs them here, `jobs` at once (joblib when more than one)."""
     jobs = max(1, min(jobs, repro.max_jobs or jobs))
     # Threads through the environment, not an override: a job's overrides are its identity in
     # summary.csv, and the same job run with another --jobs must still count as done.
-    env = threads_env(job_threads(jobs, threads))
+    if launcher == "slurm":  # a job's torch takes the cores SLURM gives it (cpus_per_task)
+        env = threads_env(threads) if threads else dict(os.environ)
+    elif launcher == "local":  # submitit's local executor starts every job of a multirun at once
+        at_once = max(grid_size(g, repro.budget(quick), quick, seeds) for g in repro.grids)
+        env = threads_env(job_threads(at_once, threads))
+    else:
+        env = threads_env(job_threads(jobs, threads))
     if repro.prepare is not None:
         repro.prepare(REPO)
     start = time.time()
@@ -387,7 +398,10 @@ def run(
     for g in repro.grids:
         sweep = sweep_dir(root, repro.name, quick, g.name).resolve()
         seeded = seed_override(g.seed_count(seeds, quick), g.only_seeds)
-        runs.append(train_args(g, repro.budget(quick), quick, sweep, jobs, seeded))
+        args = train_args(g, repro.budget(quick), quick, sweep, 1 if launcher else jobs, seeded)
+        if launcher is not None:
+            args += launcher_overrides(launcher, launcher_args)
+        runs.append(args)
     cmd = [sys.executable, "-m", "normlab.sweep.multiruns", json.dumps(runs)]
     done = subprocess.run(cmd, cwd=REPO, env=env)  # prints each multirun's command as it starts
     if done.returncode == EXIT_JOBS_FAILED:
@@ -395,6 +409,25 @@ def run(
     elif done.returncode != 0:
         raise RuntimeError(f"{repro.name}: sweep exited with code {done.returncode}")
     return time.time() - start
+
+
+# --launcher NAME of scripts/reproduce.py -> conf/hydra/launcher/NAME (normlab's presets over
+# the submitit plugin's submitit_slurm and submitit_local)
+LAUNCHERS = {"slurm": "slurm", "local": "local"}
+
+
+def launcher_overrides(launcher: str, launcher_args: Sequence[str] = ()) -> list[str]:
+    """The overrides that send a multirun's jobs through LAUNCHERS[launcher], KEY=VALUE of
+    `launcher_args` set on it (hydra.launcher.KEY=VALUE: Hydra's, not the jobs' overrides, so not
+    part of a job's identity)."""
+    return [f"hydra/launcher={LAUNCHERS[launcher]}",
+            *(f"hydra.launcher.{arg}" for arg in launcher_args)]  # fmt: skip
+
+
+def grid_size(g: Grid, budget: Budget, quick: bool, seeds: int | None) -> int:
+    """How many jobs a grid's multirun runs: the product of its swept values."""
+    values = grid_values(g, budget, quick, g.seed_count(seeds, quick))
+    return math.prod(len(v) for v in values.values())
 
 
 def grid_values(

@@ -113,7 +113,7 @@ def _resume_point(cfg: DictConfig, held: rundir.Guard | None, overrides: str) ->
         log.warning("job [%s]: %s; moved it to %s, running the job from scratch",
                     overrides, err, aside)  # fmt: skip
         return None
-    log.info("%s: " + RESUMING + "%s", held.resume, last)
+    log.info("%s: " + RESUMING + "%s (step %d)", held.resume, last, checkpoint["global_step"])
     with open_dict(cfg):
         cfg.ckpt_path = LAST
     return checkpoint
