@@ -358,7 +358,7 @@ def test_rmsnorm_speed_grids_time_three_twins_per_model_and_train_600_steps_of_o
     from hydra.core.hydra_config import HydraConfig
 
     repro = REPRODUCTIONS["rmsnorm_speed"]
-    speed, lstm, quality = repro.grids  # one arm each
+    speed, lstm, manual, quality, long = repro.grids  # one arm each
     budget = repro.budget(quick)
     cfg = compose([f"experiment={speed.experiment}", *speed.all_overrides(budget, quick),
                    "norm=prmsnorm", "seed=2"], tmp_path)  # fmt: skip
@@ -397,14 +397,22 @@ def test_rmsnorm_speed_grids_time_three_twins_per_model_and_train_600_steps_of_o
     assert timer.identity_norm._target_ == "normlab.norms.NoNorm" and timer.ops
     assert cfg.trainer.max_steps - timer.warmup == (10 if quick else 100)
     assert cfg.model.net.ctx == (16 if quick else 64)
-    cfg = compose([f"experiment={quality.experiment}", *quality.all_overrides(budget, quick),
-                   "seed=2"], tmp_path)  # fmt: skip
-    assert dict(HydraConfig.get().sweeper.params) == {"norm": "layernorm,rmsnorm,prmsnorm"}
-    shape = (cfg.model.net.d_model, cfg.model.net.depth, cfg.batch, cfg.placement.name)
-    assert shape == ((32, 4, 16, "pre") if quick else (128, 4, 32, "pre"))
-    steps = cfg.trainer.max_epochs * cfg.data.train_batches_per_epoch
-    assert steps == (20 if quick else 600) and cfg.data.seed == 2 and not cfg.test
-    assert cfg.callbacks.get("paired_step_time") is None
+    # like for like: the run's norm and LayerNorm's twin both written out (impl=manual)
+    cfg = compose([f"experiment={manual.experiment}", *manual.all_overrides(budget, quick),
+                   "norm=rmsnorm", "seed=2"], tmp_path)  # fmt: skip
+    timer = cfg.callbacks.paired_step_time
+    assert (cfg.norm.impl, timer.baseline_norm.impl) == ("manual", "manual")
+    assert timer.model.net.norm_layer.impl == "manual" and manual.arm.startswith("speed/lstm_")
+    assert sweep.grid_values(long, budget, quick, 3)["norm"] == ["layernorm", "prmsnorm"]
+    for grid, want in ((quality, 600), (long, 3000)):
+        single = [o for o in grid.all_overrides(budget, quick) if "," not in o]  # one job's
+        cfg = compose([f"experiment={grid.experiment}", *single, "seed=2"], tmp_path)
+        assert dict(HydraConfig.get().sweeper.params) == {"norm": "layernorm,rmsnorm,prmsnorm"}
+        shape = (cfg.model.net.d_model, cfg.model.net.depth, cfg.batch, cfg.placement.name)
+        assert shape == ((32, 4, 16, "pre") if quick else (128, 4, 32, "pre"))
+        steps = cfg.trainer.max_epochs * cfg.data.train_batches_per_epoch
+        assert steps == (20 if quick else want) and cfg.data.seed == 2 and not cfg.test
+        assert cfg.callbacks.get("paired_step_time") is None
 
 
 def test_dyt_vs_ln_grids_compose_the_papers_arms(compose, tmp_path):

@@ -372,6 +372,25 @@ def parse_subset(text: str) -> tuple[str, list[str]] | None:
     return key, values.split(",")
 
 
+def _selected(
+    name: str, quick: bool, seeds: int, grids: list[str] | None, norm: str | None,
+    plugin: str | None, subset: Subset | None, cut: dict[str, tuple[str, ...]] | None,
+) -> Reproduction:  # fmt: skip
+    """NAME's reproduction cut to what this invocation runs (--norm's arms added, --grids,
+    --subset); a choice that cannot work exits in one line."""
+    repro = REPRODUCTIONS[name]
+    try:
+        if norm:
+            repro = repro.with_norm(norm, plugin, cut)
+        if grids:
+            repro = repro.only(grids)
+        for key, values in subset or ():
+            repro = repro.narrow(key, values, quick, seeds)
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
+    return repro
+
+
 def reproduce(
     name: str,
     quick: bool,
@@ -396,18 +415,9 @@ def reproduce(
     joins the grids that compare norms (Reproduction.with_norm; `cut`: overrides per grid, a
     report card's slot); with `launcher` (sweep.LAUNCHERS), the jobs go through that Hydra
     launcher (`launcher_args`: KEY=VALUE set on it), and are read back as any other's."""
-    repro = REPRODUCTIONS[name]
     if seeds is None:
         seeds = default_seeds(quick, name)
-    try:
-        if norm:
-            repro = repro.with_norm(norm, plugin, cut)
-        if grids:
-            repro = repro.only(grids)
-        for key, values in subset or ():
-            repro = repro.narrow(key, values, quick, seeds)
-    except ValueError as err:
-        raise SystemExit(str(err)) from None
+    repro = _selected(name, quick, seeds, grids, norm, plugin, subset, cut)
     took = None if collect else estimate_before(repro, quick, jobs, seeds, bool(grids or norm),
                                                 root)  # fmt: skip
     if took:
@@ -627,6 +637,11 @@ def _parser() -> argparse.ArgumentParser:
         "undecided claims plan for, up to the declared cap",
     )
     parser.add_argument("--plugin", help="module that registers --norm (plugins=[MODULE])")
+    return _launcher_options(parser)
+
+
+def _launcher_options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """--launcher and --launcher-arg: a reproduction's jobs through a Hydra launcher."""
     parser.add_argument(
         "--launcher",
         choices=sorted(sweep.LAUNCHERS),

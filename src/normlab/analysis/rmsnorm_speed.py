@@ -449,9 +449,9 @@ def _model_claims(arm: tuple[str, str, int], n: dict[str, Interval]) -> list[Int
     the step ratio against the paper's 7%, and the step ratio against its prediction."""
     model, norm, t = arm
     where = f"{model_label(model)}, {_threads(t)}"
-    paper = PAPER["faster" if norm == "rmsnorm" else "prms_faster"]
+    paper = PAPER["prms_faster" if norm == "prmsnorm" else "faster"]
     arms = (f"speed/{model}/{norm}/t{t}",)
-    name = NORMS[norm]
+    name = NORMS.get(norm, norm)  # a user's norm (--norm, a report card) by its own name
     return [
         IntervalClaim(
             f"{name}'s own calls take at least {100 * MAX_SHARE:g}% less time than LayerNorm's "
