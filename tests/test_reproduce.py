@@ -149,7 +149,8 @@ def test_gn_batch_size_has_8_virtual_devices_and_scales_the_lr_linearly(
     assert cfg.optim.optimizer.lr == pytest.approx(lr)
     assert cfg.norm.ghost_batch == ghost
     assert cfg.optim.warmup_steps == 12800 // batch  # the same warmup images at every b
-    assert list(cfg.model.net.channels) == [16, 32] and cfg.model.net.fc_norm == "none"
+    assert list(cfg.model.net.channels) == [16, 32]
+    assert cfg.model.net.fc_norm._target_ == "normlab.norms.NoNorm"  # no norm in the fc layers
 
 
 @pytest.mark.parametrize(("per_device", "lr"), [(32, 0.2), (8, 0.05), (2, 0.0125)])

@@ -198,6 +198,24 @@ def name_config_keys(err: BaseException) -> ConfigError | None:
     return ConfigError(keyed) if found else None
 
 
+# model.net's keys that take a norm layer (a norm config, made a partial by Hydra); the string a
+# slot may hold instead (LeNet's fc_norm: auto)
+NORM_SLOTS = {"norm_layer": (), "qk_norm": (), "fc_norm": ("auto",)}
+
+
+def check_norm_slots(cfg: DictConfig) -> None:
+    """A norm slot given a norm's name (model.net.qk_norm=rmsnorm) fails, saying how to give it
+    a norm config: a slot takes a callable width -> module, never a registry name."""
+    for key, words in NORM_SLOTS.items():
+        value = OmegaConf.select(cfg, f"model.net.{key}", default=None,
+                                 throw_on_resolution_failure=False)  # fmt: skip
+        if isinstance(value, str) and value not in words:
+            raise ConfigError(
+                f"model.net.{key}={value!r} is a name: a norm slot takes a norm config, "
+                f"+norm@model.net.{key}={value} (or model.net.{key}=${{norm}})"
+            )
+
+
 def validate(cfg: DictConfig) -> None:
     """Fail fast on values that cannot work, naming the key and the value. The plugins are
     imported first: the norms they register are then known to everything after."""
@@ -208,6 +226,7 @@ def validate(cfg: DictConfig) -> None:
             "plugins=[<the module registering it>] for a norm of your own"
         )
     check_combination(cfg)
+    check_norm_slots(cfg)
     found = _non_finite(cfg)
     if found is not None:
         raise ConfigError(f"{found[0]} must be a finite number, got {found[1]!r}")
