@@ -587,7 +587,8 @@ def main(argv: list[str] | None = None) -> None:
         "per_device=2, or seed=0,1); only those jobs' rows replace the evidence's; repeat it "
         "for more keys",
     )
-    parser.add_argument("--norm", help="a registered norm to add as an arm (norm=custom)")
+    parser.add_argument("--norm", help="a registered norm (or a norm class's path) to add as an "
+                        "arm (norm=custom)")
     parser.add_argument(
         "--collect",
         action="store_true",

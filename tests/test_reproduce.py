@@ -461,7 +461,8 @@ def test_with_norm_adds_a_users_norm_to_the_grids_that_compare_norms():
     added = {g.name: g for g in repro.grids if g.name.endswith("-meanonly")}
     assert sorted(added) == ["dit-meanonly", "gpt-meanonly"]
     assert added["gpt-meanonly"].overrides[-4:] == (
-        "norm=custom", "norm.name=meanonly", "plugins=[examples.my_norm]", "arm=gpt/meanonly"
+        "norm=custom", "norm._target_=${normlab.norm:meanonly}", "plugins=[examples.my_norm]",
+        "arm=gpt/meanonly",
     )  # fmt: skip
     with pytest.raises(ValueError, match="fixed arms"):
         REPRODUCTIONS["deepnorm_depth"].with_norm("meanonly", None)

@@ -4,7 +4,8 @@
     -> (B, N, p*p*C) -> eps prediction (B, C, H, W)
 
 The condition is the timestep t and the class label y (an extra "null" class for classifier-free
-guidance). `conditioning` picks the block class, one per way the blocks see it:
+guidance). `conditioning` picks the block class, one per way the blocks see it; the class says
+how the condition reaches its blocks (`condition`) and which tokens leave them (`image_tokens`):
 
     adaln_zero  DiTBlock: c = emb(t) + emb(y) regresses each branch's norm shift/scale and its
                 gate; the regressions start at zero, so each block starts as the identity
@@ -14,11 +15,11 @@ guidance). `conditioning` picks the block class, one per way the blocks see it:
     in_context  InContextBlock: emb(t), emb(y) prepended to the image tokens; plain norms;
                 dropped before the final layer
 
-The DiT takes its norms as callables, `norm_layer(D)` and `qk_norm_layer(head_dim)` (QK-norm of
-each head's queries and keys, self- and cross-attention; None: plain attention). `build_dit()`
-builds the DiT of conf/model/dit.yaml from norm configs: `norm` (a family whose class declares
-`tokenwise`: it acts on each token over its last axis), `norm_eps` (DiT's 1e-6, as its
-LayerNorms, in place of the config's eps; None keeps it) and `qk_norm` (a tokenwise family).
+The DiT takes its norms as norm layers (callables width -> module, as a norm config's partial):
+`norm_layer(D)` (a family whose class declares `tokenwise`: it acts on each token over its last
+axis) and `qk_norm(head_dim)` (QK-norm of each head's queries and keys, self- and
+cross-attention; None: plain attention), both with eps `norm_eps` (DiT's 1e-6, as its
+LayerNorms, in conf/model/dit.yaml and `build_dit()`; None keeps the norm's own).
 """
 
 from __future__ import annotations
