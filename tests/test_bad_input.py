@@ -115,6 +115,7 @@ IN_PROCESS = {
     "batchnorm in the lstm", "context too long for the memory", "transformer depth null",
     "transformer heads not dividing its width", "GPT QK-norm that is not one",
     "DiT patches not tiling the image", "DiT QK-norm that is not one",
+    "diffusion EMA decay of 1 or more", "diffusion betas out of order",
 }  # fmt: skip
 
 
@@ -174,6 +175,11 @@ ONE_LINE = [
     ("QK-norm given a norm's name", ["model=transformer", "model.net.qk_norm=rmsnorm"],
      r"error: model\.net\.qk_norm='rmsnorm' is a name: a norm slot takes a norm config, "
      r"\+norm@model\.net\.qk_norm=rmsnorm \(or model\.net\.qk_norm=\$\{norm\}\)"),
+    ("diffusion EMA decay of 1 or more", ["experiment=dit", "model.ema_decay=1.5"],
+     r"error: model\.ema_decay must be in \[0, 1\), got 1\.5"),
+    ("diffusion betas out of order", ["experiment=dit", "model.beta_start=0.1",
+     "model.beta_end=0.01"], r"error: model\.beta_start=0\.1, model\.beta_end=0\.01: need "
+     r"0 < start < end < 1"),
     ("DiT depth zero", ["experiment=dit", "model.net.depth=0"],
      r"error: model\.net\.depth must be a positive integer, got 0"),
     ("DiT patches not tiling the image", ["experiment=dit", "model.net.patch_size=5"],
