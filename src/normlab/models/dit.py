@@ -44,7 +44,7 @@ from normlab.norms import (
     norm_traits,
     norms_with,
 )
-from normlab.norms.adaptive import modulate
+from normlab.norms.adaptive import AdaLN, AdaLNZero, modulate
 from normlab.norms.qknorm import check_qk_norm, create_qk_norm
 from normlab.norms.registry import NormLayer
 
@@ -162,32 +162,15 @@ def mlp(dim: int, mlp_ratio: float) -> Mlp:
     return Mlp(dim, int(dim * mlp_ratio), act_layer=partial(nn.GELU, approximate="tanh"))
 
 
-class Modulation(nn.Sequential):
-    """adaLN's regression Linear(SiLU(c)): (B, D) -> (B, chunks * D), chunks of D each."""
-
-    def __init__(self, dim: int, chunks: int, zero_init: bool) -> None:
-        super().__init__(nn.SiLU(), nn.Linear(dim, chunks * dim))
-        self.zero_init = zero_init
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        """adaLN-Zero: zeros, so shift = scale = gate = 0 for every c (a gated branch starts
-        switched off, a norm starts plain); adaLN: torch's default Linear init."""
-        if self.zero_init:
-            nn.init.zeros_(self[1].weight)
-            nn.init.zeros_(self[1].bias)
-        else:
-            self[1].reset_parameters()
-
-
 class DiTBlock(nn.Module):
     """adaLN-Zero block: each branch's norm shifted and scaled by c, its output gated by c.
 
-    DiT's block, its one regression of six chunks held as one per branch (adaLN_msa, adaLN_mlp:
-    the same rows in the same order; from_official_state_dict splits DiT's). Two matmuls, not
-    one: the gradient of c sums in the order the measured runs summed it."""
+    DiT's block, its one regression of six chunks held as one per branch (adaLN_msa, adaLN_mlp,
+    normlab.norms.adaptive's AdaLNZero: the same rows in the same order; from_official_state_dict
+    splits DiT's). Two matmuls, not one: the gradient of c sums in the order the measured runs
+    summed it."""
 
-    chunks = 3  # shift, scale, gate of each branch
+    modulation: type[AdaLN] = AdaLNZero  # each branch's regression: shift, scale, gate
     zero_init = True  # the regressions start at zero: the block starts as the identity
     adaptive = True  # c shifts and scales its norms (and the final layer's)
 
@@ -212,29 +195,29 @@ class DiTBlock(nn.Module):
     ) -> None:
         super().__init__()
         self.norm1 = norm_layer(hidden_size)
-        self.adaLN_msa = Modulation(hidden_size, self.chunks, self.zero_init)
+        self.adaLN_msa = self.modulation(hidden_size, self.zero_init)
         self.attn = attention(hidden_size, num_heads, qk_norm_layer)
         self.norm2 = norm_layer(hidden_size)
-        self.adaLN_mlp = Modulation(hidden_size, self.chunks, self.zero_init)
+        self.adaLN_mlp = self.modulation(hidden_size, self.zero_init)
         self.mlp = mlp(hidden_size, mlp_ratio)
 
     def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        shift_msa, scale_msa, gate_msa = self.adaLN_msa(c).chunk(3, dim=1)  # (B, D) each
+        shift_msa, scale_msa, gate_msa = self.adaLN_msa(c)  # (B, D) each
         x = x + gate_msa.unsqueeze(1) * self.attn(modulate(self.norm1(x), shift_msa, scale_msa))
-        shift_mlp, scale_mlp, gate_mlp = self.adaLN_mlp(c).chunk(3, dim=1)
+        shift_mlp, scale_mlp, gate_mlp = self.adaLN_mlp(c)
         return x + gate_mlp.unsqueeze(1) * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
 
 
 class AdaLNBlock(DiTBlock):
     """adaLN block: each branch's norm shifted and scaled by c, no gates."""
 
-    chunks = 2  # shift, scale of each branch
+    modulation = AdaLN  # each branch's regression: shift, scale
     zero_init = False  # torch's default init of the regressions
 
     def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        shift_msa, scale_msa = self.adaLN_msa(c).chunk(2, dim=1)  # (B, D) each
+        shift_msa, scale_msa = self.adaLN_msa(c)  # (B, D) each
         x = x + self.attn(modulate(self.norm1(x), shift_msa, scale_msa))
-        shift_mlp, scale_mlp = self.adaLN_mlp(c).chunk(2, dim=1)
+        shift_mlp, scale_mlp = self.adaLN_mlp(c)
         return x + self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
 
 
@@ -326,13 +309,13 @@ class FinalLayer(nn.Module):
         self.norm_final = norm_layer(hidden_size)
         self.adaLN_modulation = None
         if zero_init is not None:
-            self.adaLN_modulation = Modulation(hidden_size, 2, zero_init)
+            self.adaLN_modulation = AdaLN(hidden_size, zero_init)
         self.linear = nn.Linear(hidden_size, out_dim)
 
     def forward(self, x: torch.Tensor, c: torch.Tensor | None) -> torch.Tensor:
         x = self.norm_final(x)  # (B, N, D)
         if self.adaLN_modulation is not None:
-            shift, scale = self.adaLN_modulation(c).chunk(2, dim=1)
+            shift, scale = self.adaLN_modulation(c)
             x = modulate(x, shift, scale)
         return self.linear(x)  # (B, N, p*p*C)
 
@@ -441,7 +424,7 @@ class DiT(nn.Module):
         # the adaLN regressions own their init: adaLN-Zero zeroes them so each block starts as
         # the identity (gates 0) and the final norm as a plain norm; adaLN's are torch's default
         for module in self.modules():
-            if isinstance(module, Modulation):
+            if isinstance(module, AdaLN):
                 module.reset_parameters()
         # zero the output layer: the model starts by predicting eps = 0 (DiT)
         nn.init.zeros_(self.final_layer.linear.weight)
