@@ -8,9 +8,9 @@ cf. Salimans & Kingma 2016's mean-only batch normalization), with a learnable ga
 
 Register it with `register_norm` and list this module in `plugins`; from the repo root:
 
-    python train.py plugins=[examples.my_norm] norm=custom norm.name=meanonly
+    python train.py plugins=[examples.my_norm] norm=custom 'norm._target_=${normlab.norm:meanonly}'
 
-or, unregistered, by its class path: norm=custom norm.name=examples.my_norm.MeanOnlyLayerNorm
+or, unregistered, by its class path: norm=custom norm._target_=examples.my_norm.MeanOnlyLayerNorm
 (from elsewhere, put this file's dir on PYTHONPATH and write plugins=[my_norm]). The class
 attributes below are its traits (normlab.norms.norm_traits): what the models check before they
 build it. A plain nn.Module works; a normlab `Norm` subclass would inherit their defaults.

@@ -115,6 +115,7 @@ IN_PROCESS = {
     "batchnorm in the lstm", "context too long for the memory", "transformer depth null",
     "transformer heads not dividing its width", "GPT QK-norm that is not one",
     "DiT patches not tiling the image", "DiT QK-norm that is not one",
+    "diffusion EMA decay of 1 or more", "diffusion betas out of order",
 }  # fmt: skip
 
 
@@ -167,16 +168,26 @@ ONE_LINE = [
      r"error: .*model\.net\.depth must be a positive integer, got None"),
     ("transformer heads not dividing its width", ["model=transformer", "model.net.n_heads=3"],
      r"error: model\.net\.n_heads=3 does not divide model\.net\.d_model=64"),
-    ("GPT QK-norm that is not one", ["model=transformer", "model.net.qk_norm=batchnorm"],
-     r"error: model\.net\.qk_norm='batchnorm' is not a QK-norm \(one normalizing each head vector "
-     r"over its own features\); valid: dyt, layernorm, none, prmsnorm, rmsnorm or null \(none\)"),
+    ("GPT QK-norm that is not one", ["model=transformer", "+norm@model.net.qk_norm=batchnorm"],
+     r"error: model\.net\.qk_norm='batchnorm' is not a QK-norm \(a norm layer normalizing each "
+     r"head vector over its own features\); valid: dyt, layernorm, none, prmsnorm, rmsnorm or "
+     r"None \(none\)"),
+    ("QK-norm given a norm's name", ["model=transformer", "model.net.qk_norm=rmsnorm"],
+     r"error: model\.net\.qk_norm='rmsnorm' is a name: a norm slot takes a norm config, "
+     r"\+norm@model\.net\.qk_norm=rmsnorm \(or model\.net\.qk_norm=\$\{norm\}\)"),
+    ("diffusion EMA decay of 1 or more", ["experiment=dit", "model.ema_decay=1.5"],
+     r"error: model\.ema_decay must be in \[0, 1\), got 1\.5"),
+    ("diffusion betas out of order", ["experiment=dit", "model.beta_start=0.1",
+     "model.beta_end=0.01"], r"error: model\.beta_start=0\.1, model\.beta_end=0\.01: need "
+     r"0 < start < end < 1"),
     ("DiT depth zero", ["experiment=dit", "model.net.depth=0"],
      r"error: model\.net\.depth must be a positive integer, got 0"),
     ("DiT patches not tiling the image", ["experiment=dit", "model.net.patch_size=5"],
      r"error: model\.net\.patch_size=5 does not divide model\.net\.input_size=28"),
-    ("DiT QK-norm that is not one", ["experiment=dit", "model.net.qk_norm=ln2"],
-     r"error: model\.net\.qk_norm='ln2' is not a QK-norm \(one normalizing each head vector "
-     r"over its own features\); valid: dyt, layernorm, none, prmsnorm, rmsnorm or null \(none\)"),
+    ("DiT QK-norm that is not one", ["experiment=dit", "+norm@model.net.qk_norm=layernorm2d"],
+     r"error: model\.net\.qk_norm='layernorm2d' is not a QK-norm \(a norm layer normalizing "
+     r"each head vector over its own features\); valid: dyt, layernorm, none, prmsnorm, rmsnorm "
+     r"or None \(none\)"),
 ]  # fmt: skip
 
 

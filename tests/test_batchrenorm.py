@@ -346,8 +346,9 @@ def test_bad_arguments_raise(kwargs, message):
         create_norm("batchrenorm", C, **kwargs)
 
 
-def test_adaptive_norms_switch_its_affine_off():
-    from normlab.norms.adaptive import AdaptiveNorm
+def test_its_affine_key_switches_its_affine_off():
+    # what adaLN does to a norm under it (normlab.models.dit.dit_norms): the regression replaces it
+    from normlab.norms import norm_traits
 
-    base = AdaptiveNorm(C, 4, BatchRenorm, dim=1).norm
+    base = create_norm("batchrenorm", C, **{norm_traits("batchrenorm").affine_key: False})
     assert isinstance(base, BatchRenorm) and base.weight is None and base.bias is None

@@ -9,8 +9,9 @@ import torch.nn.functional as F
 from conftest import REPO
 from omegaconf import OmegaConf
 
-from normlab.models.dit import BLOCKS, DiT, Modulation, build_dit
+from normlab.models.dit import BLOCKS, DiT, build_dit
 from normlab.norms import NormConfigError, norm_partial
+from normlab.norms.adaptive import AdaLN
 
 LN = norm_partial("layernorm", eps=1e-5, elementwise_affine=True, bias=True, impl="fast")
 TINY = {"hidden_size": 32, "depth": 2, "num_heads": 4, "patch_size": 4}
@@ -95,7 +96,7 @@ def test_conditioning_shapes_and_label_effect(conditioning):
 def test_the_conditioning_picks_the_block_and_only_adaln_regresses(conditioning):
     net = tiny_dit(conditioning)
     assert all(type(block) is BLOCKS[conditioning] for block in net.blocks)
-    regressions = [m for m in net.modules() if isinstance(m, Modulation)]
+    regressions = [m for m in net.modules() if isinstance(m, AdaLN)]
     if conditioning in ("cross_attn", "in_context"):  # plain norms, with their own affine
         assert regressions == [] and net.final_layer.adaLN_modulation is None
         assert all(b.norm1.weight is not None for b in net.blocks)
@@ -283,7 +284,7 @@ def test_zero_init_false_keeps_xavier_on_the_regressions_and_the_final_layer():
         build_dit(hidden_size=32, depth=2, num_heads=2, zero_init=False),
     )
     for model, zeroed in ((zero, True), (plain, False)):
-        linears = [m[1] for m in model.modules() if isinstance(m, Modulation)]
+        linears = [m[1] for m in model.modules() if isinstance(m, AdaLN)]
         linears.append(model.final_layer.linear)
         for linear in linears:
             out_f, in_f = linear.weight.shape

@@ -194,3 +194,22 @@ def test_compile_without_the_kernel_runs_the_pure_torch_path(monkeypatch):
     torch.testing.assert_close(logits, logits_ref)
     for g, g_ref in zip(grads, grads_ref, strict=True):
         torch.testing.assert_close(g, g_ref)
+
+
+def test_fast_path_binds_its_kernel_once_per_device_and_dtype(monkeypatch):
+    # chosen at the first call, not on every call; moving or casting the module binds again
+    chosen, choose = [], rmsnorm.fast_kernel
+
+    def spy(*args):
+        chosen.append(args)
+        return choose(*args)
+
+    monkeypatch.setattr(rmsnorm, "fast_kernel", spy)
+    norm = create_norm("rmsnorm", 8)
+    x = torch.randn(3, 8)
+    norm(x), norm(x)
+    assert len(chosen) == 1
+    norm.double()
+    y = norm(x.double())
+    assert len(chosen) == 2 and chosen[-1][1:3] == (torch.float64, torch.float64)
+    torch.testing.assert_close(y, create_norm("rmsnorm", 8, impl="reference").double()(x.double()))

@@ -11,8 +11,7 @@ from hydra.utils import instantiate
 from test_train import metrics_rows
 
 from normlab.callbacks.norm_stats import NormStats, default_layers
-from normlab.norms import DyT, Norm, norm_partial
-from normlab.norms.adaptive import AdaLNZero
+from normlab.norms import DyT, Norm
 from normlab.run import train
 
 
@@ -54,26 +53,13 @@ def test_dit_hooks_each_norm_once_and_no_placeholder(compose, tmp_path):
     assert not any(name.startswith("ema.") for name in layers)  # the trained net, not its EMA
 
 
-class GatedBranch(torch.nn.Module):
-    """x + gate * Linear(h) with (h, gate) from an adaLN-Zero over DyT: an adaptive norm in use."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.norm = AdaLNZero(8, 4, norm_partial("dyt", alpha0=0.75))
-        self.linear = torch.nn.Linear(8, 8)
-
-    def example_input(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.randn(batch, 3, 8), torch.randn(batch, 4)
-
-    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        h, gate = self.norm(x, c)
-        return x + gate * self.linear(h)
-
-
-def test_an_adaptive_norm_is_hooked_once_with_its_dyts_alpha():
-    metrics = logged(GatedBranch())
-    assert {key.split("/")[1] for key in metrics} == {"norm"}  # not also its inner DyT
-    assert metrics["norm/norm/alpha"] == 0.75 and "norm/norm/out_std" in metrics
+def test_a_dit_over_dyt_is_hooked_at_each_dyt_with_its_alpha(compose, tmp_path):
+    # adaLN over DyT: the DyT is the norm (its affine off), c's regression is the block's
+    task = instantiate(compose(["experiment=dit", "norm=dyt", "norm.alpha0=0.75"], tmp_path).model)
+    metrics = logged(task)
+    layers = {key.split("/")[1] for key in metrics}
+    assert len(layers) == 9 and all(isinstance(task.get_submodule(n), DyT) for n in layers)
+    assert all(metrics[f"norm/{n}/alpha"] == 0.75 for n in layers)
 
 
 def test_gpt_hooks_every_block_norm_and_the_final_norm(compose, tmp_path):

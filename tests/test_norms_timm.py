@@ -17,7 +17,6 @@ from normlab.norms import (
     available_norms,
     create_norm,
 )
-from normlab.norms.adaptive import AdaLN, AdaLNZero, FiLM, ScaleShiftNorm
 
 timm = pytest.importorskip("timm")
 
@@ -177,21 +176,3 @@ def test_timm_convnext_with_normlab_layernorm2d_equals_timm_s():
     ref, model = _twin(build, LayerNorm2d, timm.layers.LayerNorm2d)
     assert sum(isinstance(m, LayerNorm2d) for m in model.modules()) > 10
     _assert_same(ref.eval(), model.eval(), torch.randn(2, 3, 32, 32), "convnext_atto LayerNorm2d")
-
-
-@pytest.mark.parametrize(
-    "build",
-    [
-        lambda **f: AdaLN(8, 4, **f),
-        lambda **f: AdaLNZero(8, 4, **f),
-        lambda **f: FiLM(8, 4, **f),
-        lambda **f: ScaleShiftNorm(8, 4, num_groups=2, **f),
-    ],
-    ids=["adaln", "adaln_zero", "film", "scale_shift"],
-)
-def test_adaptive_norms_take_the_factory_keywords(build):
-    default = _tensors(build())
-    on_meta, in_double = _tensors(build(device="meta")), _tensors(build(dtype=torch.float64))
-    assert on_meta.keys() == default.keys() == in_double.keys()
-    assert all(t.device.type == "meta" for t in on_meta.values())
-    assert all(t.dtype == torch.float64 for t in in_double.values() if t.is_floating_point())

@@ -146,7 +146,8 @@ def test_a_spatial_only_norm_fails_in_an_fc_layer_before_training(
     (tmp_path / "spatial_plugin.py").write_text(SPATIAL_PLUGIN)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setitem(sys.modules, "spatial_plugin", importlib.import_module("spatial_plugin"))
-    overrides = ["plugins=[spatial_plugin]", "norm=custom", "norm.name=spatialonly", *TINY]
+    overrides = ["plugins=[spatial_plugin]", "norm=custom",
+                 "norm._target_=${normlab.norm:spatialonly}", *TINY]  # fmt: skip
     # LeNet: the conv layers get it, the fc layers none (as instancenorm); explicit: refused
     net = LeNet(norm_partial("spatialonly"))
     assert type(net.classifier.norm3).__name__ == "NoNorm"
@@ -161,8 +162,8 @@ def test_a_spatial_only_norm_fails_in_an_fc_layer_before_training(
     assert not list(tmp_path.rglob("metrics.csv"))
 
 
-def test_a_missing_name_or_plugin_fails_with_one_line(compose, tmp_path):
-    with pytest.raises(ConfigError, match=r"^norm\.name is missing: norm=custom takes norm\.name="):
+def test_a_missing_class_or_plugin_fails_with_one_line(compose, tmp_path):
+    with pytest.raises(ConfigError, match=r"^norm\._target_ is missing: norm=custom takes norm\."):
         config.validate(compose(["norm=custom"], tmp_path))
     proc = run_cli("plugins=[no_such_plugin]", f"hydra.run.dir={tmp_path}", check=False)
     assert proc.returncode != 0
@@ -176,7 +177,7 @@ def test_train_py_runs_the_example_through_plugins(tmp_path):
     run_cli(
         "plugins=[examples.my_norm]",
         "norm=custom",
-        "norm.name=meanonly",
+        "norm._target_=${normlab.norm:meanonly}",  # the registered name's class
         "+norm.elementwise_affine=false",
         "batch=8",
         *TINY,
@@ -194,7 +195,7 @@ def test_a_class_path_is_a_norm_without_registering_it(compose, monkeypatch, tmp
     monkeypatch.syspath_prepend(str(REPO))
     monkeypatch.delitem(sys.modules, "examples.my_norm", raising=False)
     path = "examples.my_norm.MeanOnlyLayerNorm"
-    overrides = ["norm=custom", f"norm.name={path}", "+norm.elementwise_affine=false"]
+    overrides = ["norm=custom", f"norm._target_={path}", "+norm.elementwise_affine=false"]
     cfg = compose([*overrides, "arm=${normlab.norm_name:norm}"], tmp_path)
     config.validate(cfg)
     assert cfg.arm == "meanonly"  # imported, it registered itself: the name it goes by
@@ -203,9 +204,10 @@ def test_a_class_path_is_a_norm_without_registering_it(compose, monkeypatch, tmp
     assert net.classifier.norm4.weight is None and net.classifier.norm4.channel_dim == 1
     with pytest.raises(Exception) as info:  # Hydra's InstantiationException: the one line
         instantiate(compose([*overrides, "+norm.eps=1e-5"], tmp_path).model.net)
-    assert (
+    assert (  # checked where a model builds it, as every norm config's keywords
         str(user_error(info.value))
-        == "meanonly: unknown argument(s) eps; valid: elementwise_affine"
+        == "features.norm1 (6 features): meanonly: unknown argument(s) eps; valid: "
+        "elementwise_affine"
     )
 
 

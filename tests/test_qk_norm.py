@@ -1,4 +1,5 @@
-"""QK-norm (model.net.qk_norm) in the GPT's and the DiT's attention."""
+"""QK-norm (model.net.qk_norm, a norm layer: +norm@model.net.qk_norm=rmsnorm) in the GPT's and
+the DiT's attention."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from torch import nn
 
 from normlab.models.dit import build_dit
 from normlab.models.transformer import GPT
-from normlab.norms import LayerNorm, NormConfigError, RMSNorm, norm_partial
+from normlab.norms import LayerNorm, RMSNorm, norm_partial
 from normlab.norms.qknorm import check_qk_norm
 
 LN = norm_partial("layernorm", eps=1e-5, elementwise_affine=True, bias=True)
@@ -18,15 +19,22 @@ GPT_TINY = {"depth": 2, "d_model": 32, "n_heads": 4, "ctx": 16}  # head_dim 8
 DIT_TINY = {"hidden_size": 32, "depth": 2, "num_heads": 4, "patch_size": 4}
 
 
+def qk_layer(name):
+    """The norm layer of a registered family's defaults (what +norm@model.net.qk_norm=<name>
+    builds), None for None."""
+    return None if name is None else norm_partial(name)
+
+
 def gpt(qk_norm=None, placement="pre"):
     torch.manual_seed(0)
-    return GPT(65, {"name": placement}, LN, qk_norm=qk_norm, **GPT_TINY).eval()
+    return GPT(65, {"name": placement}, LN, qk_norm=qk_layer(qk_norm), **GPT_TINY).eval()
 
 
 def dit(qk_norm=None, conditioning="adaln_zero", **kw):
     torch.manual_seed(0)
     kw = {**DIT_TINY, **kw}
-    net = build_dit(LN, conditioning=conditioning, class_dropout=0.0, qk_norm=qk_norm, **kw)
+    net = build_dit(LN, conditioning=conditioning, class_dropout=0.0, qk_norm=qk_layer(qk_norm),
+                    **kw)  # fmt: skip
     for block in net.blocks:
         block.attn.fused_attn = True  # timm's F.scaled_dot_product_attention path, recorded below
     return net.eval()
@@ -197,29 +205,39 @@ def test_dit_qk_norm_state_dict_and_eps():
 def test_config_default_is_null_and_reaches_both_models(compose, tmp_path):
     cfg = compose(["model=transformer"], tmp_path)
     assert cfg.model.net.qk_norm is None
-    cfg = compose(["model=transformer", "model.net.qk_norm=rmsnorm"], tmp_path)
+    cfg = compose(["model=transformer", "+norm@model.net.qk_norm=rmsnorm"], tmp_path)
     attn = instantiate(cfg.model.net).blocks[0].attn.sublayer
     assert isinstance(attn.q_norm, RMSNorm) and isinstance(attn.k_norm, RMSNorm)
+    cfg = compose(["model=transformer", "norm=rmsnorm", "model.net.qk_norm=${norm}"], tmp_path)
+    attn = instantiate(cfg.model.net).blocks[0].attn.sublayer
+    assert isinstance(attn.q_norm, RMSNorm) and attn.q_norm.weight.shape == (16,)  # head_dim
     cfg = compose(["experiment=dit"], tmp_path)
     assert cfg.model.net.qk_norm is None
-    cfg = compose(["experiment=dit", "model.net.qk_norm=layernorm"], tmp_path)
+    cfg = compose(["experiment=dit", "+norm@model.net.qk_norm=layernorm"], tmp_path)
     assert isinstance(instantiate(cfg.model.net).blocks[0].attn.q_norm, LayerNorm)
 
 
-@pytest.mark.parametrize("value", ["batchnorm", "groupnorm", "foo", True, 1])
+BAD = ["batchnorm", "groupnorm", "foo", True, 1]
+
+
+@pytest.mark.parametrize("value", BAD)
 def test_bad_values_name_the_valid_ones(value):
-    message = r"model\.net\.qk_norm=.* is not a QK-norm .*; valid: .*layernorm.*rmsnorm.* or null"
-    with pytest.raises(NormConfigError, match=message):
+    if value in ("batchnorm", "groupnorm"):  # a norm layer of a family that is not tokenwise
+        value = norm_partial(value, **({"num_groups": 1} if value == "groupnorm" else {}))
+    message = r"qk_norm=.* is not a QK-norm .*; valid: .*layernorm.*rmsnorm.* or None"
+    with pytest.raises(ValueError, match=message):
         check_qk_norm(value)
-    with pytest.raises(NormConfigError, match=message):
+    with pytest.raises(ValueError, match=message):
         GPT(65, {"name": "pre"}, LN, qk_norm=value, **GPT_TINY)
-    with pytest.raises(NormConfigError, match=message):
+    with pytest.raises(ValueError, match=message):
         build_dit(LN, qk_norm=value, **DIT_TINY)
 
 
-def test_names_are_canonicalized():
-    assert check_qk_norm("LayerNorm") == check_qk_norm("ln") == "layernorm"
-    assert check_qk_norm("RMS_Norm") == "rmsnorm" and check_qk_norm(None) is None
+def test_a_registered_name_is_not_a_norm_layer():
+    # a norm slot takes a callable width -> module; a name goes through the config's norm group
+    with pytest.raises(ValueError, match=r"qk_norm='layernorm' is not a QK-norm"):
+        check_qk_norm("layernorm")
+    assert check_qk_norm(None) is None and check_qk_norm(LN) is LN
 
 
 def test_any_tokenwise_family_is_a_qk_norm_a_registered_one_too(scratch_registry):
@@ -230,8 +248,8 @@ def test_any_tokenwise_family_is_a_qk_norm_a_registered_one_too(scratch_registry
     class QKTanh(DyT):  # a user's family: tokenwise by inheritance, built over head_dim
         pass
 
-    assert check_qk_norm("DyT") == "dyt" and check_qk_norm("qk_test_tanh") == "qktesttanh"
-    model = GPT(65, {"name": "pre"}, LN, qk_norm="qk_test_tanh", **GPT_TINY)
+    assert check_qk_norm(DyT) is DyT and check_qk_norm(QKTanh) is QKTanh
+    model = GPT(65, {"name": "pre"}, LN, qk_norm=QKTanh, **GPT_TINY)
     q_norm = model.blocks[0].attn.sublayer.q_norm
     assert isinstance(q_norm, QKTanh) and q_norm.weight.shape == (8,)  # head_dim
     assert model(torch.randint(0, 65, (2, 8))).isfinite().all()

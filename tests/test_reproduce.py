@@ -149,7 +149,8 @@ def test_gn_batch_size_has_8_virtual_devices_and_scales_the_lr_linearly(
     assert cfg.optim.optimizer.lr == pytest.approx(lr)
     assert cfg.norm.ghost_batch == ghost
     assert cfg.optim.warmup_steps == 12800 // batch  # the same warmup images at every b
-    assert list(cfg.model.net.channels) == [16, 32] and cfg.model.net.fc_norm == "none"
+    assert list(cfg.model.net.channels) == [16, 32]
+    assert cfg.model.net.fc_norm._target_ == "normlab.norms.NoNorm"  # no norm in the fc layers
 
 
 @pytest.mark.parametrize(("per_device", "lr"), [(32, 0.2), (8, 0.05), (2, 0.0125)])
@@ -468,7 +469,8 @@ def test_with_norm_adds_a_users_norm_to_the_grids_that_compare_norms():
     added = {g.name: g for g in repro.grids if g.name.endswith("-meanonly")}
     assert sorted(added) == ["dit-meanonly", "gpt-meanonly"]
     assert added["gpt-meanonly"].overrides[-4:] == (
-        "norm=custom", "norm.name=meanonly", "plugins=[examples.my_norm]", "arm=gpt/meanonly"
+        "norm=custom", "norm._target_=${normlab.norm:meanonly}", "plugins=[examples.my_norm]",
+        "arm=gpt/meanonly",
     )  # fmt: skip
     with pytest.raises(ValueError, match="fixed arms"):
         REPRODUCTIONS["deepnorm_depth"].with_norm("meanonly", None)

@@ -47,15 +47,20 @@ def _slug(text: str, limit: int = 80) -> str:
 
 def _norm_name(key: str, _root_: DictConfig) -> str:
     """The short name of the norm config at `key`: the name its class is registered under
-    (norm=dyt: dyt), or norm=custom's norm.name's."""
-    from hydra.utils import get_object
-
+    (norm=dyt: dyt; a plugin's: its own), else the class's name."""
     from normlab.norms import norm_name, norm_partial  # torch: only when a config asks
 
-    norm = OmegaConf.select(_root_, key)
-    if "name" in norm:
-        return norm_name(norm_partial(str(norm.name)))
-    return norm_name(get_object(norm._target_))
+    return norm_name(norm_partial(str(OmegaConf.select(_root_, key)._target_)))
+
+
+def _norm_target(name: str, _root_: DictConfig) -> str:
+    """`${normlab.norm:NAME}`: the class path of the norm registered as NAME (a plugin's: the
+    config's `plugins` are imported first), or NAME itself when it is a class path: a norm
+    config's `_target_` (norm=custom 'norm._target_=${normlab.norm:meanonly}')."""
+    from normlab.norms import class_path  # torch: only when a config asks
+
+    import_plugins(_root_)
+    return class_path(str(name))
 
 
 def register_resolvers() -> None:
@@ -72,6 +77,8 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("normlab.floordiv", lambda a, b: a // b)
     if not OmegaConf.has_resolver("normlab.norm_name"):  # an arm: ${normlab.norm_name:norm}
         OmegaConf.register_new_resolver("normlab.norm_name", _norm_name)
+    if not OmegaConf.has_resolver("normlab.norm"):  # a registered name -> its class path
+        OmegaConf.register_new_resolver("normlab.norm", _norm_target)
     if not OmegaConf.has_resolver("normlab.ddp_backend"):
         OmegaConf.register_new_resolver(
             "normlab.ddp_backend", lambda acc: "nccl" if acc in ("gpu", "cuda") else "gloo"
@@ -198,16 +205,36 @@ def name_config_keys(err: BaseException) -> ConfigError | None:
     return ConfigError(keyed) if found else None
 
 
+# model.net's keys that take a norm layer (a norm config, made a partial by Hydra); the string a
+# slot may hold instead (LeNet's fc_norm: auto)
+NORM_SLOTS = {"norm_layer": (), "qk_norm": (), "fc_norm": ("auto",)}
+
+
+def check_norm_slots(cfg: DictConfig) -> None:
+    """A norm slot given a norm's name (model.net.qk_norm=rmsnorm) fails, saying how to give it
+    a norm config: a slot takes a callable width -> module, never a registry name."""
+    for key, words in NORM_SLOTS.items():
+        value = OmegaConf.select(cfg, f"model.net.{key}", default=None,
+                                 throw_on_resolution_failure=False)  # fmt: skip
+        if isinstance(value, str) and value not in words:
+            raise ConfigError(
+                f"model.net.{key}={value!r} is a name: a norm slot takes a norm config, "
+                f"+norm@model.net.{key}={value} (or model.net.{key}=${{norm}})"
+            )
+
+
 def validate(cfg: DictConfig) -> None:
     """Fail fast on values that cannot work, naming the key and the value. The plugins are
     imported first: the norms they register are then known to everything after."""
     import_plugins(cfg)
-    if "norm" in cfg and OmegaConf.is_missing(cfg.norm, "name"):
+    if "norm" in cfg and OmegaConf.is_missing(cfg.norm, "_target_"):
         raise ConfigError(
-            "norm.name is missing: norm=custom takes norm.name=<a registered norm>, and "
-            "plugins=[<the module registering it>] for a norm of your own"
+            "norm._target_ is missing: norm=custom takes norm._target_=<a norm class's path>, "
+            "or norm._target_=${normlab.norm:<a registered name>} with plugins=[<the module "
+            "registering it>]"
         )
     check_combination(cfg)
+    check_norm_slots(cfg)
     found = _non_finite(cfg)
     if found is not None:
         raise ConfigError(f"{found[0]} must be a finite number, got {found[1]!r}")

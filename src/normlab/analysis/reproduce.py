@@ -623,7 +623,8 @@ def _parser() -> argparse.ArgumentParser:
         "per_device=2, or seed=0,1); only those jobs' rows replace the evidence's; repeat it "
         "for more keys",
     )
-    parser.add_argument("--norm", help="a registered norm to add as an arm (norm=custom)")
+    parser.add_argument("--norm", help="a registered norm (or a norm class's path) to add as an "
+                        "arm (norm=custom)")
     parser.add_argument(
         "--collect",
         action="store_true",

@@ -171,7 +171,8 @@ class Reproduction:
                   cut: dict[str, tuple[str, ...]] | None = None) -> Reproduction:  # fmt: skip
         """The same reproduction with a registered norm (a user's, from module `plugin`) as one
         more arm of every grid in norm_grids: a grid <grid>-<norm> of the same experiment with
-        norm=custom norm.name=<norm> (its sweep of built-in norms replaced by that one), its arm
+        norm=custom norm._target_=${normlab.norm:<norm>} (its sweep of built-in norms replaced by
+        that one; the resolver gives a registered name's class path, a class path as it is), its arm
         `<grid>/<norm>` (`<norm>` for the unnamed main grid); `cut` adds overrides per grid (a
         report card's slot cut to its question)."""
         if not self.norm_grids:
@@ -179,7 +180,8 @@ class Reproduction:
                              "a reproduction that compares norms")  # fmt: skip
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", norm):
             raise ValueError(f"--norm must be a registered norm's name, got {norm!r}")
-        extra = ("norm=custom", f"norm.name={norm}", *([f"plugins=[{plugin}]"] if plugin else ()))
+        target = f"norm._target_=${{normlab.norm:{norm}}}"  # conf/norm/custom.yaml's class
+        extra = ("norm=custom", target, *([f"plugins=[{plugin}]"] if plugin else ()))
         firsts = {g.name: g for g in reversed(self.grids) if g.name in self.norm_grids}
         cut = cut or {}
         added = tuple(  # the cut last under either budget: a smoke run asks the same question

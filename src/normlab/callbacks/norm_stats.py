@@ -5,7 +5,7 @@ normalizes, once; see `default_layers`), logs
   norm/<layer>/in_mean, in_std    mean and std of the norm's input
   norm/<layer>/out_mean, out_std  the same for its output (the pre-activation)
   preact/<layer>/p15, p50, p85    percentiles of the pre-activation of one unit (channel `unit`)
-  norm/<layer>/alpha              for a DyT layer (or an adaptive norm over one): its scalar alpha,
+  norm/<layer>/alpha              for a DyT layer (also the one under a DiT's adaLN): its alpha,
                                   the value the forward pass used
 and with `all_units=True` also, for every unit k (index along dim 1: a channel or feature),
   preact/<layer>/u<k:03d>/p15, p50, p85   its percentiles over all other dims of the batch
@@ -20,7 +20,6 @@ import lightning.pytorch as pl
 import torch
 from torch import nn
 
-from normlab.norms.adaptive import AdaptiveNorm
 from normlab.norms.dyt import DyT
 
 QUANTILES = torch.tensor([0.15, 0.50, 0.85])
@@ -31,15 +30,16 @@ TORCH_NORMS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm, nn.RM
 
 
 def is_norm(module: nn.Module) -> bool:
-    """A layer that normalizes: a normlab norm (its `normalizes` trait: not `none`, an adaptive
-    norm only over a real norm) or a torch norm layer; never a placeholder like nn.Identity."""
+    """A layer that normalizes: a normlab norm (its `normalizes` trait: not `none`) or a torch
+    norm layer; never a placeholder like nn.Identity."""
     flag = getattr(module, "normalizes", None)
     return bool(flag) if flag is not None else isinstance(module, TORCH_NORMS)
 
 
 def default_layers(model: nn.Module) -> list[str]:
-    """Every normalization layer once: the outermost module that normalizes (an adaptive norm,
-    not also the norm inside it), in the trained network only (a task's `net`, not its EMA)."""
+    """Every normalization layer once: the outermost module that normalizes (a norm wrapping
+    another, not also the one inside it), in the trained network only (a task's `net`, not its
+    EMA)."""
     net = getattr(model, "net", None)
     root, prefix = (net, "net.") if isinstance(net, nn.Module) else (model, "")
     found: list[str] = []
@@ -51,9 +51,7 @@ def default_layers(model: nn.Module) -> list[str]:
 
 
 def dyt_of(module: nn.Module) -> DyT | None:
-    """The DyT a norm layer is or adapts (an adaLN over DyT), else None."""
-    if isinstance(module, AdaptiveNorm):
-        module = module.norm
+    """The DyT a norm layer is, else None."""
     return module if isinstance(module, DyT) else None
 
 

@@ -4,7 +4,8 @@
     -> (B, N, p*p*C) -> eps prediction (B, C, H, W)
 
 The condition is the timestep t and the class label y (an extra "null" class for classifier-free
-guidance). `conditioning` picks the block class, one per way the blocks see it:
+guidance). `conditioning` picks the block class, one per way the blocks see it; the class says
+how the condition reaches its blocks (`condition`) and which tokens leave them (`image_tokens`):
 
     adaln_zero  DiTBlock: c = emb(t) + emb(y) regresses each branch's norm shift/scale and its
                 gate; the regressions start at zero, so each block starts as the identity
@@ -14,11 +15,11 @@ guidance). `conditioning` picks the block class, one per way the blocks see it:
     in_context  InContextBlock: emb(t), emb(y) prepended to the image tokens; plain norms;
                 dropped before the final layer
 
-The DiT takes its norms as callables, `norm_layer(D)` and `qk_norm_layer(head_dim)` (QK-norm of
-each head's queries and keys, self- and cross-attention; None: plain attention). `build_dit()`
-builds the DiT of conf/model/dit.yaml from norm configs: `norm` (a family whose class declares
-`tokenwise`: it acts on each token over its last axis), `norm_eps` (DiT's 1e-6, as its
-LayerNorms, in place of the config's eps; None keeps it) and `qk_norm` (a tokenwise family).
+The DiT takes its norms as norm layers (callables width -> module, as a norm config's partial):
+`norm_layer(D)` (a family whose class declares `tokenwise`: it acts on each token over its last
+axis) and `qk_norm(head_dim)` (QK-norm of each head's queries and keys, self- and
+cross-attention; None: plain attention), both with eps `norm_eps` (DiT's 1e-6, as its
+LayerNorms, in conf/model/dit.yaml and `build_dit()`; None keeps the norm's own).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from normlab.norms import (
     norm_traits,
     norms_with,
 )
-from normlab.norms.adaptive import modulate
+from normlab.norms.adaptive import AdaLN, AdaLNZero, modulate
 from normlab.norms.qknorm import check_qk_norm, create_qk_norm
 from normlab.norms.registry import NormLayer
 
@@ -161,33 +162,28 @@ def mlp(dim: int, mlp_ratio: float) -> Mlp:
     return Mlp(dim, int(dim * mlp_ratio), act_layer=partial(nn.GELU, approximate="tanh"))
 
 
-class Modulation(nn.Sequential):
-    """adaLN's regression Linear(SiLU(c)): (B, D) -> (B, chunks * D), chunks of D each."""
-
-    def __init__(self, dim: int, chunks: int, zero_init: bool) -> None:
-        super().__init__(nn.SiLU(), nn.Linear(dim, chunks * dim))
-        self.zero_init = zero_init
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        """adaLN-Zero: zeros, so shift = scale = gate = 0 for every c (a gated branch starts
-        switched off, a norm starts plain); adaLN: torch's default Linear init."""
-        if self.zero_init:
-            nn.init.zeros_(self[1].weight)
-            nn.init.zeros_(self[1].bias)
-        else:
-            self[1].reset_parameters()
-
-
 class DiTBlock(nn.Module):
     """adaLN-Zero block: each branch's norm shifted and scaled by c, its output gated by c.
 
-    DiT's block, its one regression of six chunks held as one per branch (adaLN_msa, adaLN_mlp:
-    the same rows in the same order; from_official_state_dict splits DiT's). Two matmuls, not
-    one: the gradient of c sums in the order the measured runs summed it."""
+    DiT's block, its one regression of six chunks held as one per branch (adaLN_msa, adaLN_mlp,
+    normlab.norms.adaptive's AdaLNZero: the same rows in the same order; from_official_state_dict
+    splits DiT's). Two matmuls, not one: the gradient of c sums in the order the measured runs
+    summed it."""
 
-    chunks = 3  # shift, scale, gate of each branch
+    modulation: type[AdaLN] = AdaLNZero  # each branch's regression: shift, scale, gate
     zero_init = True  # the regressions start at zero: the block starts as the identity
+    adaptive = True  # c shifts and scales its norms (and the final layer's)
+
+    @staticmethod
+    def condition(x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> tuple:
+        """(tokens, c): c = emb(t) + emb(y) (B, D), what the norms' shift, scale (and gates)
+        are regressed from."""
+        return x, t + y
+
+    @staticmethod
+    def image_tokens(x: torch.Tensor) -> torch.Tensor:
+        """The image tokens of the blocks' output (B, N, D): all of them."""
+        return x
 
     def __init__(
         self,
@@ -199,34 +195,42 @@ class DiTBlock(nn.Module):
     ) -> None:
         super().__init__()
         self.norm1 = norm_layer(hidden_size)
-        self.adaLN_msa = Modulation(hidden_size, self.chunks, self.zero_init)
+        self.adaLN_msa = self.modulation(hidden_size, self.zero_init)
         self.attn = attention(hidden_size, num_heads, qk_norm_layer)
         self.norm2 = norm_layer(hidden_size)
-        self.adaLN_mlp = Modulation(hidden_size, self.chunks, self.zero_init)
+        self.adaLN_mlp = self.modulation(hidden_size, self.zero_init)
         self.mlp = mlp(hidden_size, mlp_ratio)
 
     def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        shift_msa, scale_msa, gate_msa = self.adaLN_msa(c).chunk(3, dim=1)  # (B, D) each
+        shift_msa, scale_msa, gate_msa = self.adaLN_msa(c)  # (B, D) each
         x = x + gate_msa.unsqueeze(1) * self.attn(modulate(self.norm1(x), shift_msa, scale_msa))
-        shift_mlp, scale_mlp, gate_mlp = self.adaLN_mlp(c).chunk(3, dim=1)
+        shift_mlp, scale_mlp, gate_mlp = self.adaLN_mlp(c)
         return x + gate_mlp.unsqueeze(1) * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
 
 
 class AdaLNBlock(DiTBlock):
     """adaLN block: each branch's norm shifted and scaled by c, no gates."""
 
-    chunks = 2  # shift, scale of each branch
+    modulation = AdaLN  # each branch's regression: shift, scale
     zero_init = False  # torch's default init of the regressions
 
     def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        shift_msa, scale_msa = self.adaLN_msa(c).chunk(2, dim=1)  # (B, D) each
+        shift_msa, scale_msa = self.adaLN_msa(c)  # (B, D) each
         x = x + self.attn(modulate(self.norm1(x), shift_msa, scale_msa))
-        shift_mlp, scale_mlp = self.adaLN_mlp(c).chunk(2, dim=1)
+        shift_mlp, scale_mlp = self.adaLN_mlp(c)
         return x + self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
 
 
 class CrossAttnBlock(nn.Module):
     """Pre-norm block with a cross-attention to the condition tokens ctx between its branches."""
+
+    adaptive = False  # plain norms
+    image_tokens = DiTBlock.image_tokens
+
+    @staticmethod
+    def condition(x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> tuple:
+        """(tokens, ctx): (emb(t), emb(y)) as a 2-token sequence (B, 2, D), attended to."""
+        return x, torch.stack([t, y], dim=1)
 
     def __init__(
         self,
@@ -255,6 +259,18 @@ class CrossAttnBlock(nn.Module):
 class InContextBlock(nn.Module):
     """Plain pre-norm block (ViT's): the condition is in the tokens it reads."""
 
+    adaptive = False  # plain norms
+
+    @staticmethod
+    def condition(x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> tuple:
+        """(tokens, None): emb(t), emb(y) prepended to the image tokens (B, 2+N, D)."""
+        return torch.cat([t[:, None], y[:, None], x], dim=1), None
+
+    @staticmethod
+    def image_tokens(x: torch.Tensor) -> torch.Tensor:
+        """The image tokens (B, N, D): the two condition tokens dropped."""
+        return x[:, 2:]
+
     def __init__(
         self,
         hidden_size: int,
@@ -280,7 +296,6 @@ BLOCKS: dict[str, type[nn.Module]] = {  # conditioning -> the block that reads i
     "cross_attn": CrossAttnBlock,
     "in_context": InContextBlock,
 }
-ADAPTIVE = ("adaln_zero", "adaln")  # the conditionings whose norms c shifts and scales
 
 
 class FinalLayer(nn.Module):
@@ -294,13 +309,13 @@ class FinalLayer(nn.Module):
         self.norm_final = norm_layer(hidden_size)
         self.adaLN_modulation = None
         if zero_init is not None:
-            self.adaLN_modulation = Modulation(hidden_size, 2, zero_init)
+            self.adaLN_modulation = AdaLN(hidden_size, zero_init)
         self.linear = nn.Linear(hidden_size, out_dim)
 
     def forward(self, x: torch.Tensor, c: torch.Tensor | None) -> torch.Tensor:
         x = self.norm_final(x)  # (B, N, D)
         if self.adaLN_modulation is not None:
-            shift, scale = self.adaLN_modulation(c).chunk(2, dim=1)
+            shift, scale = self.adaLN_modulation(c)
             x = modulate(x, shift, scale)
         return self.linear(x)  # (B, N, p*p*C)
 
@@ -330,17 +345,20 @@ def check_shape(
 class DiT(nn.Module):
     """Class-conditional DiT predicting the noise eps of x_t: forward(x, t, y) -> (B, C, H, W).
 
-    `norm_layer(D)` builds every norm (under adaLN, one without an affine of its own: the
-    regression replaces it, as DiT's LayerNorm(elementwise_affine=False)); `qk_norm_layer(head_dim)`
-    the QK-norms, or None. The defaults are the "tiny" DiT of conf/model/dit.yaml, which trains
-    on a CPU on 28x28 (p=4 -> 49 tokens); the paper's DiT-S/2 ... XL/4 shapes are
-    conf/size/dit/*.yaml. `zero_init=False` keeps xavier on the adaLN regressions and the final
-    layer, as the DyT authors' DiT patch does for DyT.
+    `norm_layer(D)` builds every norm: a family whose class declares `tokenwise` (it acts on each
+    token over its last axis), its eps replaced by `norm_eps` (DiT's LayerNorm: 1e-6; None keeps
+    the norm's own) and, under adaLN, its affine switched off (the regression replaces it, as
+    DiT's LayerNorm(elementwise_affine=False)). `qk_norm(head_dim)`, a tokenwise norm layer too
+    (eps `norm_eps`), normalizes each head's queries and keys, self- and cross-attention; None:
+    plain attention. The defaults are the "tiny" DiT of conf/model/dit.yaml, which trains on a
+    CPU on 28x28 (p=4 -> 49 tokens); the paper's DiT-S/2 ... XL/4 shapes are conf/size/dit/*.yaml.
+    `zero_init=False` keeps xavier on the adaLN regressions and the final layer, as the DyT
+    authors' DiT patch does for DyT.
     """
 
     def __init__(
         self,
-        norm_layer: NormLayer,
+        norm_layer: NormLayer = LayerNorm,
         conditioning: str = "adaln_zero",
         input_size: int = 28,
         in_channels: int = 1,
@@ -351,13 +369,17 @@ class DiT(nn.Module):
         depth: int = 4,
         num_heads: int = 4,
         patch_size: int = 4,
-        qk_norm_layer: NormLayer | None = None,
+        qk_norm: NormLayer | None = None,
         zero_init: bool = True,
+        norm_eps: float | None = None,
     ) -> None:
         super().__init__()
         check_shape(conditioning, input_size, hidden_size, depth, num_heads, patch_size)
+        block = BLOCKS[conditioning]
+        norm_layer, qk_layer = dit_norms(norm_layer, check_qk_norm(qk_norm), norm_eps, block)
         D, p = hidden_size, patch_size
         self.conditioning = conditioning
+        self.block_class = block  # how the blocks read the condition (`condition`)
         self.zero_init = zero_init
         self.in_channels = in_channels
         self.input_size = input_size
@@ -369,11 +391,10 @@ class DiT(nn.Module):
         self.register_buffer("pos_embed", sincos_2d(D, self.grid_size)[None], persistent=False)
         self.t_embedder = TimestepEmbedder(D)
         self.y_embedder = LabelEmbedder(num_classes, D, class_dropout)
-        block = BLOCKS[conditioning]
         self.blocks = nn.ModuleList(
-            block(D, num_heads, mlp_ratio, norm_layer, qk_norm_layer) for _ in range(depth)
+            block(D, num_heads, mlp_ratio, norm_layer, qk_layer) for _ in range(depth)
         )
-        zero = block.zero_init if conditioning in ADAPTIVE else None
+        zero = block.zero_init if block.adaptive else None
         self.final_layer = FinalLayer(D, p * p * in_channels, norm_layer, zero)
         self.initialize_weights()
 
@@ -403,7 +424,7 @@ class DiT(nn.Module):
         # the adaLN regressions own their init: adaLN-Zero zeroes them so each block starts as
         # the identity (gates 0) and the final norm as a plain norm; adaLN's are torch's default
         for module in self.modules():
-            if isinstance(module, Modulation):
+            if isinstance(module, AdaLN):
                 module.reset_parameters()
         # zero the output layer: the model starts by predicting eps = 0 (DiT)
         nn.init.zeros_(self.final_layer.linear.weight)
@@ -418,59 +439,42 @@ class DiT(nn.Module):
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         x = self.x_embedder(x) + self.pos_embed  # (B, N, D)
         t, y = self.t_embedder(t), self.y_embedder(y)  # (B, D) each
-        c = None  # in-context: the blocks read t and y as two more tokens
-        if self.conditioning in ADAPTIVE:
-            c = t + y  # (B, D): what the norms' shift, scale (and gates) are regressed from
-        elif self.conditioning == "cross_attn":
-            c = torch.stack([t, y], dim=1)  # (B, 2, D): what the cross-attention attends to
-        else:
-            x = torch.cat([t[:, None], y[:, None], x], dim=1)  # (B, 2+N, D)
+        x, c = self.block_class.condition(x, t, y)  # (B, N or 2+N, D), what the blocks read
         for block in self.blocks:
             x = block(x, c)  # (B, N or 2+N, D)
-        if self.conditioning == "in_context":
-            x = x[:, 2:]  # the image tokens (B, N, D)
+        x = self.block_class.image_tokens(x)  # (B, N, D)
         return self.unpatchify(self.final_layer(x, c))  # (B, C, H, W)
 
 
-def build_dit(
-    norm_layer: NormLayer = LayerNorm,
-    conditioning: str = "adaln_zero",
-    input_size: int = 28,
-    in_channels: int = 1,
-    num_classes: int = 10,
-    class_dropout: float = 0.1,
-    mlp_ratio: float = 4.0,
-    hidden_size: int = 96,
-    depth: int = 4,
-    num_heads: int = 4,
-    patch_size: int = 4,
-    norm_eps: float | None = 1e-6,
-    qk_norm: str | None = None,
-    zero_init: bool = True,
-) -> DiT:
-    """The DiT of conf/model/dit.yaml: the norm config's partial `norm_layer` (a tokenwise
-    family; its eps replaced by `norm_eps` unless None, and its own affine switched off under
-    adaLN, where c regresses shift and scale) and `qk_norm` (a tokenwise family or None, eps
-    `norm_eps` too) become the DiT's norm_layer and qk_norm_layer. The other keys are the DiT's
-    own."""
-    qk_norm = check_qk_norm(qk_norm)
+def dit_norms(
+    norm_layer: NormLayer, qk_norm: NormLayer | None, norm_eps: float | None, block: type
+) -> tuple[NormLayer, NormLayer | None]:
+    """The DiT's norm layers (D -> norm, head_dim -> QK-norm) from its arguments: every norm a
+    tokenwise one, with eps `norm_eps` where its class takes eps (None: its own), and no affine
+    of its own under adaLN (`block.adaptive`: c regresses shift and scale); the QK-norm keeps its
+    affine. NormConfigError for a norm that does not act on each token."""
     traits = norm_traits(norm_layer)
     if traits is not None and not traits.tokenwise:
         raise NormConfigError(
-            f"dit: norm={norm_name(norm_layer)!r} does not normalise the feature axis of (B, T, "
+            f"dit: norm {norm_name(norm_layer)!r} does not normalise the feature axis of (B, T, "
             f"D) tokens; choose one of {norms_with('tokenwise')}"
         )
     eps = {} if norm_eps is None else {"eps": norm_eps}
     if eps and traits is not None and "eps" in inspect.signature(norm_class(norm_layer)).parameters:
         norm_layer = partial(norm_layer, **eps)  # DiT's LayerNorm eps, in every norm it builds
-    if conditioning in ADAPTIVE and traits is not None and traits.affine_key is not None:
+    if block.adaptive and traits is not None and traits.affine_key is not None:
         norm_layer = partial(norm_layer, **{traits.affine_key: False})  # c's shift and scale
-    layer = partial(build_norm, norm_layer, channel_dim=-1)
-    qk_norm_layer = None if qk_norm is None else partial(create_qk_norm, qk_norm, **eps)
-    return DiT(
-        layer, conditioning, input_size, in_channels, num_classes, class_dropout,
-        mlp_ratio, hidden_size, depth, num_heads, patch_size, qk_norm_layer, zero_init,
-    )  # fmt: skip
+    if qk_norm is not None and eps and norm_traits(qk_norm) is not None:
+        if "eps" in inspect.signature(norm_class(qk_norm)).parameters:
+            qk_norm = partial(qk_norm, **eps)
+    qk_layer = None if qk_norm is None else partial(create_qk_norm, qk_norm)
+    return partial(build_norm, norm_layer, channel_dim=-1), qk_layer
+
+
+def build_dit(norm_layer: NormLayer = LayerNorm, **kwargs: object) -> DiT:
+    """The DiT of conf/model/dit.yaml from Python: DiT's eps 1e-6 in every norm unless
+    `norm_eps` says otherwise; every other keyword is the DiT's own."""
+    return DiT(norm_layer, **{"norm_eps": 1e-6, **kwargs})
 
 
 # ---------------------------------------------------------------------------------------------

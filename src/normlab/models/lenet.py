@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Literal
 
 from torch import nn
 
 from normlab.errors import ConfigError
-from normlab.norms import NoNorm, build_norm, norm_class, norm_name, norm_traits, norms_with
+from normlab.norms import NoNorm, build_norm, norm_name, norm_traits, norms_with
 from normlab.norms.registry import NormLayer
 
 ACTIVATIONS = {"sigmoid": nn.Sigmoid, "relu": nn.ReLU}
@@ -55,8 +56,8 @@ class LeNet(nn.Module):
     (C, H, W) as in the GN paper. `norm_layer` normalizes the conv layers; `fc_norm` the fc layers:
     "auto" uses `norm_layer` there too,
     except for a norm that needs spatial extent (its class's `spatial` trait: instancenorm), which
-    an fc layer lacks — those layers then get no norm. An explicit fc_norm (a norm layer or a
-    registered name) is used as given (one needing spatial extent fails, naming the layer).
+    an fc layer lacks — those layers then get no norm. An explicit fc_norm (a norm layer, e.g.
+    NoNorm for none) is used as given (one needing spatial extent fails, naming the layer).
     `channels` are the two conv widths, LeNet-5's (6, 16) by default; (16, 32) leaves GroupNorm
     room for 4 groups of at least 4 channels in both conv layers. `pool` is the 2x2 pooling
     after each conv: "avg" (d2l's LeNet) or "max".
@@ -67,7 +68,7 @@ class LeNet(nn.Module):
     def __init__(
         self,
         norm_layer: NormLayer,
-        fc_norm: NormLayer | str = "auto",
+        fc_norm: NormLayer | Literal["auto"] = "auto",
         activation: str = "sigmoid",
         num_classes: int = 10,
         channels: Sequence[int] = (6, 16),
@@ -82,8 +83,11 @@ class LeNet(nn.Module):
         if fc_norm == "auto":
             traits = norm_traits(norm_layer)
             fc_norm = NoNorm if traits is not None and traits.spatial else norm_layer
-        elif isinstance(fc_norm, str):
-            fc_norm = norm_class(fc_norm)
+        elif not callable(fc_norm):
+            raise ValueError(
+                f"fc_norm={fc_norm!r} is neither 'auto' nor a norm layer (a callable width -> "
+                "module, as a norm config's partial)"
+            )
         act = ACTIVATIONS[activation]
         pooling = POOLS[pool]
 

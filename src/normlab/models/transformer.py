@@ -23,12 +23,12 @@ MLP_RATIO = 4  # hidden width of the MLP / d_model
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention with separate q, k, v projections; `qk_norm` (layernorm |
-    rmsnorm | None) normalizes each head's queries and keys over head_dim (normlab.norms.qknorm).
-    """
+    """Multi-head causal self-attention with separate q, k, v projections; `qk_norm` (a tokenwise
+    norm layer, or None) normalizes each head's queries and keys over head_dim
+    (normlab.norms.qknorm)."""
 
     def __init__(
-        self, d_model: int, n_heads: int, dropout: float, qk_norm: str | None = None
+        self, d_model: int, n_heads: int, dropout: float, qk_norm: NormLayer | None = None
     ) -> None:
         super().__init__()
         self.n_heads = n_heads
@@ -117,7 +117,7 @@ class Block(nn.Module):
         dropout: float,
         placement: str,
         norm_layer: NormLayer,
-        qk_norm: str | None = None,
+        qk_norm: NormLayer | None = None,
         mlp_norm: NormLayer | None = None,
         **residual_kw: Any,
     ) -> None:
@@ -156,7 +156,7 @@ class GPT(nn.Module):
         ctx: int = 64,
         dropout: float = 0.0,
         tie_weights: bool = True,
-        qk_norm: str | None = None,
+        qk_norm: NormLayer | None = None,
         embed_scale: float | None = None,
         norm_at: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
@@ -166,7 +166,7 @@ class GPT(nn.Module):
         self.n_heads, self.ctx, self.dropout = n_heads, ctx, dropout
         placement_cls = placement_class(placement["name"])
         self.placement = placement_cls.name
-        self.qk_norm = check_qk_norm(qk_norm)  # a tokenwise family or None
+        self.qk_norm = check_qk_norm(qk_norm)  # a tokenwise norm layer or None
         # what the placement reads from its config for this stack (DeepNorm: alpha and beta)
         residual_kw = placement_cls.stack_kwargs(placement, self.depth)
 

@@ -218,10 +218,21 @@ def build_norm(
     return module
 
 
+def class_path(name: str) -> str:
+    """The import path of the class registered as `name` (case, `_` and `-` ignored), or `name`
+    itself when it is a class path, not a registered name: what a norm config's `_target_`
+    holds (conf/norm/custom.yaml, through the config's `normlab.norm` resolver)."""
+    if "." in name and _key(name) not in _NORMS and _key(name) not in _ALIASES:
+        return name
+    cls = norm_class(name)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 def norm_partial(name: str, **kwargs: Any) -> functools.partial:
     """functools.partial(the class registered as `name`, or at the class path `name`,
-    **kwargs), its keywords checked: conf/norm/custom.yaml's target (norm.name=meanonly)."""
-    if "." in name and _key(name) not in _NORMS and _key(name) not in _ALIASES:
+    **kwargs), its keywords checked: the norm layer a norm config of that class makes."""
+    path = class_path(name)
+    if path == name and "." in name:  # a class path: imported
         module, _, attr = name.rpartition(".")
         try:
             cls = getattr(importlib.import_module(module), attr)

@@ -123,6 +123,24 @@ def fast_kernel(
     return "manual"
 
 
+def _torch_rms_norm(
+    rows: torch.Tensor, weight: torch.Tensor | None, eps: float, k: int
+) -> torch.Tensor:
+    """torch's F.rms_norm over rows (R, D) whose rms uses every feature (k = D)."""
+    return F.rms_norm(rows, (rows.shape[1],), weight, eps)
+
+
+def _manual_rms_norm(
+    rows: torch.Tensor, weight: torch.Tensor | None, eps: float, k: int
+) -> torch.Tensor:
+    """RMSNormFunction over rows (R, D): torch ops with the gradient written out."""
+    return RMSNormFunction.apply(rows, weight, eps, k)
+
+
+# fast_kernel's choice -> the function RMSNorm's fast path binds: (rows, weight, eps, k) -> y
+KERNELS = {"torch": _torch_rms_norm, "fused": fused_rms_norm, "manual": _manual_rms_norm}
+
+
 @register_norm("rmsnorm", aliases=("rms",))
 class RMSNorm(Norm):
     """RMSNorm over the trailing dims `normalized_shape` of (..., *normalized_shape).
@@ -158,6 +176,7 @@ class RMSNorm(Norm):
         self.elementwise_affine = elementwise_affine
         self._init_affine(self.normalized_shape, elementwise_affine, False, device, dtype)
         self.num_stat_features = math.prod(self.normalized_shape)  # k: features in the rms
+        self._bound_for: tuple[torch.device, torch.dtype] | None = None  # the fast kernel's
 
     def extra_repr(self) -> str:
         return (
@@ -190,18 +209,26 @@ class RMSNorm(Norm):
         return weight
 
     def _fast(self, x: torch.Tensor) -> torch.Tensor:
-        # torch's F.rms_norm on CUDA, the fused C++ op on CPU, else manual's (fast_kernel)
+        # the kernel bound for this input's device and dtype (`_bind`): one check, no choice
         rows, spatial, k = self._rows(x)
-        weight = self._row_weight(spatial)
-        w_dtype = None if weight is None else weight.dtype
-        kernel = fast_kernel(rows.device.type, rows.dtype, w_dtype, k == rows.shape[1])
-        if kernel == "torch":
-            y = F.rms_norm(rows, (rows.shape[1],), weight, self._eps(x))
-        elif kernel == "fused":
-            y = fused_rms_norm(rows, weight, self._eps(x), k)
-        else:
-            y = RMSNormFunction.apply(rows, weight, self._eps(x), k)
-        return y.view(x.shape)
+        if self._bound_for != (rows.device, rows.dtype):
+            self._bind(rows.device, rows.dtype)
+        return self._kernel(rows, self._row_weight(spatial), self._bound_eps, k).view(x.shape)
+
+    def _bind(self, device: torch.device, dtype: torch.dtype) -> None:
+        """Pick the fast path's kernel (`fast_kernel`) and eps once for inputs on `device` of
+        `dtype`, at the first call: torch's F.rms_norm on CUDA, the fused C++ op on CPU, else
+        manual's. Moving or casting the module (`_apply`) unbinds it."""
+        w_dtype = None if self.weight is None else self.weight.dtype
+        full = self.num_stat_features == math.prod(self.normalized_shape)  # k = D
+        kernel = fast_kernel(device.type, dtype, w_dtype, full)
+        self._kernel = KERNELS[kernel]
+        self._bound_eps = torch.finfo(stats_dtype(dtype)).eps if self.eps is None else self.eps
+        self._bound_for = (device, dtype)
+
+    def _apply(self, fn, recurse: bool = True):  # noqa: ANN001, ANN202 (nn.Module's signature)
+        self._bound_for = None  # .to(), .half(), .cuda(): bind again at the next call
+        return super()._apply(fn, recurse)
 
     def _manual(self, x: torch.Tensor) -> torch.Tensor:
         # RMSNormFunction: torch ops with the gradient written out (any device and dtype)

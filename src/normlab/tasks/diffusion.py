@@ -55,11 +55,12 @@ class DiffusionTask(Task):
         rescale: bool = True,
     ) -> None:
         super().__init__(net, optim)
+        # ValueErrors about its own arguments: the config layer names their keys (config.py)
         if not 0.0 <= ema_decay < 1.0:
-            raise ConfigError(f"model.ema_decay must be in [0, 1), got {ema_decay!r}")
+            raise ValueError(f"ema_decay must be in [0, 1), got {ema_decay!r}")
         if not 0.0 < beta_start < beta_end < 1.0:
-            raise ConfigError(
-                f"model.beta_start={beta_start}, beta_end={beta_end}: need 0 < start < end < 1"
+            raise ValueError(
+                f"beta_start={beta_start}, beta_end={beta_end}: need 0 < start < end < 1"
             )
         self.num_timesteps = num_timesteps
         self.ema_decay = ema_decay
@@ -82,8 +83,8 @@ class DiffusionTask(Task):
         if self.rescale and dm is not None:
             if not hasattr(dm, "mean") or not hasattr(dm, "std"):
                 raise ConfigError(
-                    f"model.rescale=true needs the data module ({type(dm).__name__}) to expose "
-                    "the `mean` and `std` of its standardization; set model.rescale=false"
+                    f"rescale=True needs the data module ({type(dm).__name__}) to expose the "
+                    "`mean` and `std` of its standardization; train with rescale off"
                 )
             self.data_mean.fill_(float(dm.mean))
             self.data_std.fill_(float(dm.std))
