@@ -651,8 +651,13 @@ def test_subset_replaces_only_the_rows_of_the_jobs_it_ran(tmp_path):
 
 
 def test_norm_and_grids_options_are_checked_before_any_work(tmp_path):
-    done = reproduce("deepnorm_depth", "--norm", "meanonly", root=tmp_path)
-    assert done.returncode != 0 and "fixed arms" in done.stderr
+    from dataclasses import replace
+
+    # every reproduction has a report-card slot now: one without a norm grid refuses --norm
+    fixed = replace(REPRODUCTIONS["deepnorm_depth"], norm_grids=())
+    with pytest.raises(ValueError, match="fixed arms: --norm works with a reproduction that"):
+        fixed.with_norm("meanonly", None)
+    assert all(r.norm_grids for r in REPRODUCTIONS.values())
     done = reproduce("dyt_vs_ln", "--grids", "nope", root=tmp_path)
     assert done.returncode != 0 and "no grid or arm nope" in done.stderr
     done = reproduce("dyt_vs_ln", "--plugin", "examples.my_norm", root=tmp_path)
