@@ -10,11 +10,12 @@ REPO = Path(__file__).resolve().parents[1]
 # low to high; a module may import its own layer and those below. A package's name stands for
 # its modules (normlab.run.* is "run"); a name a layer does not list fails the test.
 LAYERS = [
-    ("normlab", "errors", "tables", "compute", "console", "files", "identity", "suggest"),
+    ("normlab", "errors", "tables", "compute", "console", "files", "identity", "suggest",
+     "layout"),
     ("norms",),
     ("config", "data", "models", "tasks", "preflight", "fid", "loggers"),
     ("callbacks", "fid_train"),
-    ("run",),
+    ("run", "train"),  # train: the entry point (normlab-train, train.py, a sweep's multiruns)
     ("sweep", "bench"),
     ("analysis",),
     ("scripts", "train.py"),

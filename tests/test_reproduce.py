@@ -472,8 +472,18 @@ def test_with_norm_adds_a_users_norm_to_the_grids_that_compare_norms():
         "norm=custom", "norm._target_=${normlab.norm:meanonly}", "plugins=[examples.my_norm]",
         "arm=gpt/meanonly",
     )  # fmt: skip
-    with pytest.raises(ValueError, match="fixed arms"):
-        REPRODUCTIONS["deepnorm_depth"].with_norm("meanonly", None)
+    # a grid whose arms are a template: one arm per job, under <grid>/<norm>/ (or the template
+    # itself where it names its norm); a card's cut applies last under --quick too
+    cut = {"model_update": ("placement=post", "model.net.depth=50")}
+    deep = REPRODUCTIONS["deepnorm_depth"].with_norm("meanonly", None, cut)
+    (mine,) = [g for g in deep.grids if g.name == "model_update-meanonly"]
+    template = "${placement.name}/d${model.net.depth}/lr${optim.optimizer.lr}"
+    assert mine.arm == f"model_update/meanonly/{template}"
+    assert mine.quick[-2:] == cut["model_update"] and mine.overrides[-3:-1] == cut["model_update"]
+    speed = REPRODUCTIONS["rmsnorm_speed"].with_norm("meanonly", None)
+    assert [g.arm for g in speed.grids if g.name == "speed_lstm-meanonly"] == [
+        "speed/lstm/${normlab.norm_name:norm}/t${num_threads}"
+    ]
     with pytest.raises(ValueError, match="registered norm"):
         REPRODUCTIONS["dyt_vs_ln"].with_norm("x y", None)
     assert [g.name for g in repro.only(["gpt-meanonly"]).grids] == ["gpt-meanonly"]
