@@ -27,7 +27,7 @@ NEW, GONE = "(new claim)", "(no longer a claim)"
 
 # the rule a change of verdict comes from, by the words of the verdict before and after
 RULES = (
-    (lambda was, now: was == NEW, "new claim: its arms' gate rows were re-collected"),
+    (lambda was, now: was == NEW, "new claim: a new grid, or its arms' gate rows re-collected"),
     (lambda was, now: now == GONE, "replaced: its arms' gate rows were re-collected"),
     (lambda was, now: now.split("; would decide it")[0] == was,
      "wording: an invalid verdict names what would decide it"),
