@@ -165,3 +165,21 @@ def test_a_cards_command_line_names_its_slots_when_it_has_only_some():
     assert rc.card_command("meanonly", "examples.my_norm", True, some) == (
         f"{base} --budget quick --slots bn_lenet"
     )
+
+
+def test_a_cell_without_a_value_says_how_the_norms_jobs_ended(tmp_path):
+    """'not run' only where the norm has no jobs there; a norm whose jobs diverged, or finished
+    without logging the quantity, says so: a result, not a gap."""
+    rc = _script("report_card")
+    slot = _slot("deepnorm_depth")
+    assert rc._outcome(slot, "mine", False, tmp_path) == "not run"
+    path = tmp_path / "outputs" / "figures" / "deepnorm_depth+mine" / "jobs.csv"
+    path.parent.mkdir(parents=True)
+    arm = slot.arm("mine")
+    pd.DataFrame({"arm": [arm, arm, "other"], "seed": [0, 1, 0],
+                  "status": ["diverged", "ok", "ok"]}).to_csv(path, index=False)  # fmt: skip
+    assert rc._outcome(slot, "mine", False, tmp_path) == "diverged in 1 of 2 jobs"
+    pd.DataFrame({"arm": [arm], "seed": [0], "status": ["ok"]}).to_csv(path, index=False)
+    assert rc._outcome(slot, "mine", False, tmp_path) == "no value logged in its 1 finished jobs"
+    row = card.Row("s", "r", "q", "lower", stats.Interval.of([]), {}, {}, unrun="diverged")
+    assert card.table([row])["norm"].iloc[0] == "diverged"

@@ -165,6 +165,7 @@ class Row:
     norm: stats.Interval
     baselines: dict[str, stats.Interval]
     verdicts: dict[str, str]  # baseline -> better | worse | equivalent (within ±d) | ...
+    unrun: str = "not run"  # the norm's cell where it has no value (its jobs' outcome, if any)
 
 
 def _versus(values: pd.Series, base: pd.Series, q: dict, arms: tuple[str, str], found,
@@ -208,9 +209,9 @@ def rows(slot: Slot, norm: str, data: pd.DataFrame, smoke: bool = False) -> list
     return out
 
 
-def _cell(i: stats.Interval) -> str:
+def _cell(i: stats.Interval, unrun: str = "not run") -> str:
     if i.n == 0 or math.isnan(i.mean):
-        return "not run"
+        return unrun
     ci = f" [{i.low:.3g}, {i.high:.3g}]" if i.known else ""
     return f"{i.mean:.3g}{ci} (n={i.n})"
 
@@ -225,7 +226,7 @@ def table(card: list[Row | tuple[Slot, str]]) -> pd.DataFrame:
                         "better": "", "norm": why, "baselines": "", "verdicts": ""})  # fmt: skip
             continue
         out.append({"slot": r.slot, "reproduction": r.reproduction, "quantity": r.quantity,
-                    "better": r.better, "norm": _cell(r.norm),
+                    "better": r.better, "norm": _cell(r.norm, r.unrun),
                     "baselines": "; ".join(f"{b} {_cell(i)}" for b, i in r.baselines.items()),
                     "verdicts": "; ".join(f"vs {b}: {v}" for b, v in r.verdicts.items())})
     return pd.DataFrame(out)

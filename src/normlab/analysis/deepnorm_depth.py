@@ -61,7 +61,7 @@ def extract(runs: list[Run]) -> pd.DataFrame:
     rows = []
     for run in runs:
         a, seed = run.arm, int(run.get("seed"))
-        if deepnorm_slope.is_arm(a):
+        if a.startswith(f"{deepnorm_slope.PREFIX}/"):  # a norm's arm too (a report card's)
             rows += deepnorm_slope.rows(run, seed) if run.status in ("ok", "diverged") else []
             continue
         if not a.startswith("update/"):

@@ -60,9 +60,10 @@ def is_arm(name: str) -> bool:
 
 def rows(run: Run, seed: int) -> list[tuple]:
     """The relative updates after each logged step, with the gate's value and ceiling (the
-    blocks' update) at each; the arm is named by its lr as `float:g` writes it."""
+    blocks' update) at each; the arm is named by its lr as `float:g` writes it (a norm's arm
+    added to the grid, <grid>/<norm>/..., as it ran)."""
     m = ARM.match(run.arm)
-    a = arm(m["placement"], int(m["depth"]), float(m["lr"]))
+    a = arm(m["placement"], int(m["depth"]), float(m["lr"])) if m else run.arm
     out = []
     for metric in METRICS:
         s = run.series(metric).drop_duplicates("step", keep="last")

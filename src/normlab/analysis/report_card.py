@@ -20,6 +20,7 @@ import argparse
 import importlib
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -100,6 +101,23 @@ def _evidence(slot: card.Slot, norm: str, quick: bool, root: Path) -> pd.DataFra
     return data
 
 
+def _outcome(slot: card.Slot, norm: str, quick: bool, root: Path) -> str:
+    """What the card's cell says where the norm has no value: 'not run', or how its jobs there
+    ended ('diverged in 2 of 2 jobs': a norm whose runs blew up has a result, not a gap)."""
+    figures = root / "outputs" / "figures" / ("quick" if quick else "")
+    path = figures / f"{slot.reproduction}+{norm}" / "jobs.csv"
+    if not path.is_file():
+        return "not run"
+    jobs = pd.read_csv(path)
+    mine = jobs[jobs["arm"] == slot.arm(norm)]
+    bad = mine[mine["status"] != "ok"]
+    if mine.empty:
+        return "not run"
+    if bad.empty:  # e.g. a norm whose deep stack overflowed: the quantity was never logged
+        return f"no value logged in its {len(mine)} finished jobs"
+    return f"{'/'.join(sorted(set(bad['status'])))} in {len(bad)} of {len(mine)} jobs"
+
+
 def run(norm: str, plugin: str | None, quick: bool, jobs: int, threads: int | None,
         root: Path, only: list[str] | None = None) -> dict[str, Path]:  # fmt: skip
     """Train the norm in every slot it fits (unless built in; `only`: the slots of these
@@ -155,7 +173,8 @@ def write(norm: str, slots: list[card.Slot], fits: dict[str, str], quick: bool,
         if fits[s.title]:
             rows.append((s, fits[s.title]))
             continue
-        rows += card.rows(s, norm, _evidence(s, norm, quick, root), smoke=quick)
+        unrun, data = _outcome(s, norm, quick, root), _evidence(s, norm, quick, root)
+        rows += [replace(r, unrun=unrun) for r in card.rows(s, norm, data, smoke=quick)]
     frame = card.table(rows)
     out = root / "outputs" / "cards" / ("quick" if quick else "")
     out.mkdir(parents=True, exist_ok=True)
