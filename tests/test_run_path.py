@@ -51,7 +51,7 @@ def cfg_calls(argv: list[str]) -> list[tuple[str, str | None]]:
         module = module_of(frame.f_code.co_filename)
         if module is None:
             return None
-        if module == "train.py" and frame.f_code.co_name == "entry":
+        if module == "normlab.train" and frame.f_code.co_name == "_train":  # cfg's first stop
             seen["cfg"] = frame.f_locals["cfg"]
         if "cfg" in seen and any(v is seen["cfg"] for v in frame.f_locals.values()):
             calls.append((module, module_of(stack[-1].f_code.co_filename) if stack else None))
@@ -90,7 +90,8 @@ def path(calls: list[tuple[str, str | None]]) -> dict[str, Any]:
 
 def test_a_single_runs_cfg_enters_few_modules_and_never_goes_up(tmp_path):
     found = path(cfg_calls([*TINY, f"hydra.run.dir={tmp_path / 'run'}"]))
-    assert found["entered"][:4] == ["train.py", "normlab.config", "normlab.run", "normlab.run.task"]
+    first = ["normlab.train", "normlab.config", "normlab.run", "normlab.run.task"]
+    assert found["entered"][:4] == first  # train.py and normlab-train: normlab.train's _train
     assert len(found["entered"]) <= 12 and found["up"] == 0, found
 
 

@@ -436,7 +436,7 @@ def test_decide_runs_only_the_seeds_each_planned_grid_lacks(tmp_path, monkeypatc
 
     calls = []
 
-    def fake(name, quick, jobs, root, seeds, grids=None, threads=None, subset=None):
+    def fake(name, quick, jobs, root, seeds, grids=None, threads=None, subset=None, **launch):
         calls.append((seeds, grids, subset))
         evidence({"batchnorm": [0, 1, 2], "groupnorm": [0, 1, 2], "batchnorm_precise": [0, 1, 2]})
 
