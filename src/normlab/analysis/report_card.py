@@ -113,8 +113,8 @@ def _outcome(slot: card.Slot, norm: str, quick: bool, root: Path) -> str:
     bad = mine[mine["status"] != "ok"]
     if mine.empty:
         return "not run"
-    if bad.empty:  # e.g. a norm whose deep stack overflowed: the quantity was never logged
-        return f"no value logged in its {len(mine)} finished jobs"
+    if bad.empty:  # a target never reached, or a deep stack that overflowed: nothing logged
+        return f"no value from its {len(mine)} finished jobs"
     return f"{'/'.join(sorted(set(bad['status'])))} in {len(bad)} of {len(mine)} jobs"
 
 
