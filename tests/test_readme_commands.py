@@ -57,6 +57,7 @@ SHRINK = {
 # commands no machine without a cluster can run; each with why
 CANNOT_RUN_HERE = {
     "hydra/launcher=slurm": "needs a SLURM cluster (sbatch)",
+    "--launcher slurm": "needs a SLURM cluster (sbatch; --launcher local: test_reproduce.py)",
 }
 # scripts, by name: options appended ({tmp}: the test's temp dir)
 SCRIPT_SHRINK = {
