@@ -2,10 +2,10 @@
 
     python scripts/verdict_changes.py REF [--out FILE]
 
-Reads outputs/figures/*.claims.csv at REF (git show) and in the work tree, and prints (or writes)
-a markdown table: the verdict counts before and after, then one row per claim whose verdict
-changed (figure, claim, was, now, and the rule that changed it, read from the two verdicts'
-words). Nothing is typed by hand: rerun it to check the committed table.
+Reads outputs/figures/NAME.claims.csv (the reproductions') at REF (git show) and in the work
+tree, and prints (or writes) a markdown table: the verdict counts before and after, then one
+row per claim whose verdict changed (figure, claim, was, now, and the rule that changed it, read
+from the two verdicts' words). Nothing is typed by hand: rerun it to check the committed table.
 """
 
 from __future__ import annotations
@@ -50,8 +50,9 @@ RULES = (
 
 
 def _claims(ref: str | None) -> dict[str, pd.DataFrame]:
-    """Each figure's claims at a git ref (None: the work tree)."""
-    names = sorted(p.name for p in (REPO / FIGURES).glob("*.claims.csv"))
+    """Each reproduction's claims at a git ref (None: the work tree); a `--norm` comparison's or a
+    report card's evidence (NAME+norm) is not a reproduction's, and is left out."""
+    names = sorted(p.name for p in (REPO / FIGURES).glob("*.claims.csv") if "+" not in p.name)
     out = {}
     for name in names:
         path = f"{FIGURES}/{name}"

@@ -118,6 +118,8 @@ class Slot:
     # where the grid's arms are a template (sweep.norm_arm): the norm's arm in it, `{norm}` for
     # the norm's name, as the slot's overrides render it (e.g. init/{norm}/post/d12)
     norm_arm: str = ""
+    initial: int = gates.MIN_SEEDS  # the reproduction's declared seeds: the design's first look
+    cap: int = gates.MIN_SEEDS  # ... and its last (normlab.analysis.sequential)
 
     def arm(self, norm: str) -> str:
         """The arm a norm runs as here: a built-in's committed arm, else the one `--norm` runs
@@ -143,11 +145,13 @@ def slots(conf: Path) -> list[Slot]:
     for path in sorted(conf.glob("*.yaml"), key=lambda p: (yaml.safe_load(p.read_text())
                                                            .get("order", 99), p.stem)):  # fmt: skip
         spec = yaml.safe_load(path.read_text())
+        seeds = spec.get("seeds", {})
         for s in spec.get("card", ()):
             found.append(Slot(path.stem, s["slot"], s["grid"], dict(s["arms"]),
                               tuple(s["baselines"]), tuple(s["quantities"]), s["delta_why"],
                               tuple(map(str, s.get("overrides", ()))), dict(s.get("needs", {})),
-                              s.get("needs_why", ""), s.get("norm_arm", "")))  # fmt: skip
+                              s.get("needs_why", ""), s.get("norm_arm", ""),
+                              seeds.get("initial", 3), seeds.get("cap", 12)))  # fmt: skip
     return found
 
 
@@ -166,12 +170,16 @@ class Row:
     baselines: dict[str, stats.Interval]
     verdicts: dict[str, str]  # baseline -> better | worse | equivalent (within ±d) | ...
     unrun: str = "not run"  # the norm's cell where it has no value (its jobs' outcome, if any)
+    planned: dict[str, int] = field(default_factory=dict)  # baseline -> the seeds an undecided
+    # verdict's plan asks for (stats.seeds_needed from the first seeds), at most the cap
 
 
-def _versus(values: pd.Series, base: pd.Series, q: dict, arms: tuple[str, str], found,
-            why: str) -> str:  # fmt: skip
+def _versus(values: pd.Series, base: pd.Series, q: dict, slot: Slot, arms: tuple[str, str],
+            found) -> tuple[str, int | None]:  # fmt: skip
     """The norm against one baseline on one quantity: the paired difference, oriented so that
-    above 0 is better, decided as a claim (gates, boundary, equivalence band)."""
+    above 0 is better, decided as a claim (gates, boundary, equivalence band) at the slot's
+    reproduction's seeds; with the seeds its plan asks for where it is undecided and short of
+    them (up to the cap, as `reproduce.py NAME --decide` plans)."""
     pair = pd.concat([values, base], axis=1, keys=["n", "b"]).dropna()
     sign = 1.0 if q["better"] == "higher" else -1.0
     delta = float(q["delta"])
@@ -179,14 +187,21 @@ def _versus(values: pd.Series, base: pd.Series, q: dict, arms: tuple[str, str], 
                   (0.0, stats.ABOVE), source="ours", why="a report card's comparison",
                   arms=tuple(g.format(arm=a) for a in arms for g in q.get("gates", ["{arm}"])),
                   final=bool(q.get("final", True)), absent=(-delta, delta),
-                  absent_why=why)  # fmt: skip
-    decision = gates.decide([claim], found, gates.MIN_SEEDS, gates.MIN_SEEDS)[0]
+                  absent_why=slot.delta_why)  # fmt: skip
+    decision = gates.decide([claim], found, slot.initial, slot.cap)[0]
     kind = verdict_kind(decision.verdict)
     if kind == gates.ABSENT:
-        return f"equivalent (within ±{delta:g})"
+        return f"equivalent (within ±{delta:g})", None
     if kind == "invalid":
-        return decision.verdict.split("; would")[0]
-    return VERDICTS.get(kind, kind)
+        return decision.verdict.split("; would")[0], None
+    planned = decision.planned_n if kind == "undecided" and decision.tested else None
+    if not planned:
+        return VERDICTS.get(kind, kind), None
+    if planned <= len(pair):  # run to its plan (or past it) and still undecided
+        return VERDICTS.get(kind, kind), min(planned, slot.cap)
+    more = f"~{planned} seeds would decide it" + (f", past the cap {slot.cap}"
+                                                  if planned > slot.cap else "")  # fmt: skip
+    return f"{VERDICTS.get(kind, kind)} ({more})", min(planned, slot.cap)
 
 
 def rows(slot: Slot, norm: str, data: pd.DataFrame, smoke: bool = False) -> list[Row]:
@@ -199,14 +214,22 @@ def rows(slot: Slot, norm: str, data: pd.DataFrame, smoke: bool = False) -> list
     for q in slot.quantities:
         values = KINDS[q["kind"]](data, arm, q)
         bases = {b: KINDS[q["kind"]](data, slot.arm(b), q) for b in slot.baselines if b != norm}
-        verdicts = {b: SMOKE if smoke else "not run" if values.empty or v.empty else
-                    _versus(values, v, q, (arm, slot.arm(b)), found, slot.delta_why)
-                    for b, v in bases.items()}  # fmt: skip
+        decided = {b: (SMOKE, None) if smoke else ("not run", None) if values.empty or v.empty
+                   else _versus(values, v, q, slot, (arm, slot.arm(b)), found)
+                   for b, v in bases.items()}  # fmt: skip
         out.append(Row(slot.title, slot.reproduction, q["name"], q["better"],
                        stats.Interval.of(list(values)),
                        {b: stats.Interval.of(list(v)) for b, v in bases.items()},
-                       verdicts))  # fmt: skip
+                       {b: text for b, (text, _) in decided.items()},
+                       planned={b: n for b, (_, n) in decided.items() if n}))  # fmt: skip
     return out
+
+
+def seeds_to_decide(rows: list[Row]) -> int | None:
+    """The seeds a slot's undecided verdicts plan for (the largest plan, at most the cap), or
+    None where every verdict is decided (or plans none)."""
+    plans = [n for r in rows for n in r.planned.values()]
+    return max(plans) if plans else None
 
 
 def _cell(i: stats.Interval, unrun: str = "not run") -> str:

@@ -3,6 +3,7 @@
     python scripts/reproduce.py card --norm NAME|pkg.Class [--plugin MODULE]
                                      [--budget quick|card] [--jobs N] [--threads N]
                                      [--slots NAME,..]   # only these reproductions' slots
+                                     [--decide]  # on to the seeds undecided verdicts plan
     python scripts/reproduce.py card --leaderboard   # docs/cards.md from the built-in cards
 
 A built-in norm (one whose arms the reproductions commit: batchnorm, layernorm, groupnorm,
@@ -118,10 +119,32 @@ def _outcome(slot: card.Slot, norm: str, quick: bool, root: Path) -> str:
     return f"{'/'.join(sorted(set(bad['status'])))} in {len(bad)} of {len(mine)} jobs"
 
 
+def _to_a_decision(s: card.Slot, norm: str, plugin: str | None, jobs: int,
+                   threads: int | None, root: Path) -> None:  # fmt: skip
+    """--decide: a slot whose verdicts are undecided at its first seeds runs once more, to the
+    seeds they plan for, and where still undecided there, to the cap: the reproductions' three
+    looks (`reproduce.py NAME --decide`, normlab.analysis.sequential), finished jobs reused."""
+    from normlab.analysis import reproduce  # lazy: the sweeps load only when a card trains
+
+    def plan() -> int | None:
+        return card.seeds_to_decide(card.rows(s, norm, _evidence(s, norm, False, root)))
+
+    ran, first = s.initial, plan()
+    looks = [("its undecided verdicts plan", first)] if first and first > ran else []
+    for why, n in [*looks, ("still undecided at the plan: the cap", s.cap)]:
+        if n is None or n <= ran or (why.startswith("still") and plan() is None):
+            continue
+        print(f"card {norm}: {s.title}: {why} {n} seeds (cap {s.cap})", flush=True)
+        reproduce.reproduce(s.reproduction, False, jobs, root, n, [f"{s.grid}-{norm}"], norm,
+                            plugin, threads=threads, cut={s.grid: s.overrides})  # fmt: skip
+        ran = n
+
+
 def run(norm: str, plugin: str | None, quick: bool, jobs: int, threads: int | None,
-        root: Path, only: list[str] | None = None) -> dict[str, Path]:  # fmt: skip
+        root: Path, only: list[str] | None = None, decide: bool = False) -> dict[str, Path]:
     """Train the norm in every slot it fits (unless built in; `only`: the slots of these
-    reproductions), then write its card."""
+    reproductions; `decide`: each slot on to the seeds its undecided verdicts plan for), then
+    write its card."""
     from normlab.analysis import reproduce  # the sweeps and the evidence's landing
 
     hours = reproduce._hours  # one home for how a time reads
@@ -145,6 +168,8 @@ def run(norm: str, plugin: str | None, quick: bool, jobs: int, threads: int | No
             grid = f"{s.grid}-{norm}"
             reproduce.reproduce(s.reproduction, quick, jobs, root, None, [grid], norm, plugin,
                                 threads=threads, cut={s.grid: s.overrides})  # fmt: skip
+            if decide:
+                _to_a_decision(s, norm, plugin, jobs, threads, root)
             done += secs
             spent = time.time() - start
             left = spent / done * (total - done) if done else 0.0
@@ -153,20 +178,22 @@ def run(norm: str, plugin: str | None, quick: bool, jobs: int, threads: int | No
     note = changed(slots, norm)
     if note:
         print(note, flush=True)
-    return write(norm, slots, fits, quick, root, plugin)
+    return write(norm, slots, fits, quick, root, plugin, decide)
 
 
-def card_command(norm: str, plugin: str | None, quick: bool, slots: list[card.Slot]) -> str:
+def card_command(norm: str, plugin: str | None, quick: bool, slots: list[card.Slot],
+                 decide: bool = False) -> str:  # fmt: skip
     """The command that makes this card, as its md prints it: --slots when it has only some."""
     cmd = f"python scripts/reproduce.py card --norm {norm}"
     cmd += (f" --plugin {plugin}" if plugin else "") + (" --budget quick" if quick else "")
+    cmd += " --decide" if decide else ""
     mine = list(dict.fromkeys(s.reproduction for s in slots))
     every = {s.reproduction for s in card.slots(CONF)}
     return cmd + (f" --slots {','.join(mine)}" if set(mine) != every else "")
 
 
 def write(norm: str, slots: list[card.Slot], fits: dict[str, str], quick: bool,
-          root: Path, plugin: str | None = None) -> dict[str, Path]:  # fmt: skip
+          root: Path, plugin: str | None = None, decide: bool = False) -> dict[str, Path]:
     """outputs/cards[/quick]/NORM.{md,csv,png} from the evidence."""
     rows: list = []
     for s in slots:
@@ -183,11 +210,13 @@ def write(norm: str, slots: list[card.Slot], fits: dict[str, str], quick: bool,
     frame.to_csv(paths["csv"], index=False, float_format=report.FLOAT)
     card.figure(norm, rows, paths["png"])
     how = ("read from the committed evidence (no training)" if builtin(norm, slots) else
-           f"`{card_command(norm, plugin, quick, slots)}`")  # fmt: skip
+           f"`{card_command(norm, plugin, quick, slots, decide)}`")  # fmt: skip
     header = [f"# Report card: {norm}", "", *([f"**{card.SMOKE}**", ""] if quick else []),
               f"![{safe}]({safe}.png)", "", f"Command: {how}  ",
               "Verdicts: the norm against each baseline, paired by seed, by the reproductions' "
-              "rules (gates, the sequential boundary, an equivalence band per quantity).  ",
+              "rules (gates, the sequential boundary, an equivalence band per quantity); an "
+              "undecided one says how many seeds its plan asks for (`--decide` runs them, up to "
+              "the reproduction's cap).  ",
               "Bands: " + "; ".join(dict.fromkeys(f"{s.reproduction}: {s.delta_why}"
                                                   for s in slots))]  # fmt: skip
     header.append(versions(slots, norm))
@@ -226,24 +255,54 @@ def changed(slots: list[card.Slot], norm: str) -> str:
             "from the versions its md lists")
 
 
-def leaderboard(root: Path, norms: tuple[str, ...] = ("batchnorm", "layernorm", "groupnorm",
-                                                       "rmsnorm", "dyt")) -> Path:  # fmt: skip
-    """docs/cards.md: the built-in norms' committed cards as one table."""
-    cards = {}
-    for n in norms:
-        path = root / "outputs" / "cards" / f"{n}.csv"
-        if path.is_file():
-            cards[n] = pd.read_csv(path, keep_default_na=False)
-    text = "\n".join([
+BUILTIN = ("batchnorm", "layernorm", "groupnorm", "rmsnorm", "dyt")  # the leaderboard's rows
+
+RUN_A_CARD = """## Put a norm of your own through it
+
+```
+python scripts/reproduce.py card --norm meanonly --plugin examples.my_norm --budget quick
+python scripts/reproduce.py card --norm meanonly --plugin examples.my_norm
+python scripts/reproduce.py card --norm meanonly --plugin examples.my_norm --decide
+```
+
+- `--budget quick`: a smoke run of minutes (every slot a few steps), written under the ignored
+  outputs/cards/quick/, labelled "smoke: not evidence", with no verdicts.
+- the default budget (`card`): evidence. Each slot runs its reproduction's grid, cut to the
+  slot's question, at the reproduction's first seeds; the command prints its estimate first
+  (from the committed jobs' wall times), its progress as jobs end, and a continue line when
+  interrupted (finished jobs are reused).
+- `--decide`: a slot whose verdicts are undecided at its first seeds runs on to the seeds they
+  plan for, then to the reproduction's cap where still undecided (the reproductions' three
+  looks, `reproduce.py NAME --decide`).
+
+A norm is a registered name or a class path (`--norm pkg.Class`); `--plugin MODULE` imports the
+module that registers it (examples/my_norm.py). A slot the norm cannot take (its traits, e.g.
+batch statistics in a causal Transformer) reads "not applicable" with the reason."""
+
+
+def leaderboard(root: Path, norms: tuple[str, ...] = BUILTIN) -> Path:
+    """docs/cards.md: the built-in norms' committed cards as one table, then the committed cards
+    of norms the reproductions never ran (trained by `card --norm X`), and how to run one."""
+    cards, others = {}, {}
+    for path in sorted((root / "outputs" / "cards").glob("*.csv")):
+        (cards if path.stem in norms else others)[path.stem] = pd.read_csv(path,
+                                                                           keep_default_na=False)
+    cards = {n: cards[n] for n in norms if n in cards}
+    text = [
         "# Report cards", "",
         "Each built-in norm's card (outputs/cards/NORM.md), one row per norm: its mean per slot "
         "quantity and its verdicts against the slot's baselines. Regenerate with "
         "`python scripts/reproduce.py card --leaderboard`; a norm of your own: "
         "`python scripts/reproduce.py card --norm NAME --plugin MODULE`.", "",
-        card.leaderboard(cards), ""])  # fmt: skip
+        card.leaderboard(cards), ""]  # fmt: skip
+    if others:
+        text += ["## Norms the reproductions never ran", "",
+                 "Their cards trained the norm in every slot it fits, beside the baselines' "
+                 "committed jobs (outputs/cards/NORM.md says the command, the seeds and the "
+                 "bands).", "", card.leaderboard(others), ""]  # fmt: skip
     path = root / "docs" / "cards.md"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    path.write_text("\n".join([*text, RUN_A_CARD, ""]))
     return path
 
 
@@ -257,7 +316,13 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--root", type=Path, default=REPO, help="where outputs/ goes")
     parser.add_argument("--leaderboard", action="store_true", help="write docs/cards.md")
     parser.add_argument("--slots", help="comma-separated reproductions: only their slots")
+    parser.add_argument("--decide", action="store_true",
+                        help="each slot on to the seeds its undecided verdicts plan for, then "
+                        "to the reproduction's cap where still undecided (as reproduce.py "
+                        "NAME --decide)")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.decide and args.budget == "quick":
+        parser.error("--decide plans seeds from evidence: not with --budget quick")
     if args.leaderboard:
         print(f"wrote {leaderboard(args.root.resolve())}")
         return
@@ -266,7 +331,7 @@ def main(argv: list[str]) -> None:
     try:
         only = [n for n in args.slots.split(",") if n] if args.slots else None
         paths = run(args.norm, args.plugin, args.budget == "quick", args.jobs, args.threads,
-                    args.root.resolve(), only)  # fmt: skip
+                    args.root.resolve(), only, args.decide)  # fmt: skip
     except KeyboardInterrupt:
         print(f"card {args.norm}: interrupted; finished jobs are kept. continue with: python "
               f"scripts/reproduce.py card {' '.join(argv)}", file=sys.stderr, flush=True)
