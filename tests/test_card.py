@@ -252,3 +252,21 @@ def test_decide_runs_a_slot_to_its_plan_then_to_the_cap_only_while_undecided(lat
     monkeypatch.setattr(rc, "_evidence", lambda *a: _noisy(3, 2.0))
     rc._to_a_decision(slot, "n", None, 1, 1, REPO)
     assert seen == []
+
+
+def test_a_slots_evidence_md_decides_only_the_claims_on_arms_it_holds():
+    """A card's slot runs the norm's arm alone (NAME+norm's evidence): the reproduction's claims
+    on the built-in arms it lacks are left to NAME's md (a note says so), and the norm's own arm
+    gets its gates; evidence holding every arm keeps every claim."""
+    from normlab.analysis.reproductions import REPRODUCTIONS
+
+    rc = _script("reproduce")
+    committed = pd.read_csv(REPO / "outputs" / "figures" / "bn_lenet" / "runs.csv")
+    mine = committed[committed["arm"] == "mlp/batchnorm"].assign(arm="mlp/mine")
+    repro = REPRODUCTIONS["bn_lenet"]
+    alone = rc.within(repro.render(mine), mine, "bn_lenet")
+    assert alone.claims == [] and {g.arm for g in alone.gates} == {"mlp/mine"}
+    assert alone.notes[0].startswith("14 of the reproduction's 14 claims read arms")
+    every = pd.concat([committed, mine], ignore_index=True)
+    whole = rc.within(repro.render(every), every, "bn_lenet")
+    assert len(whole.claims) == 14 and "mlp/mine" in {g.arm for g in whole.gates}

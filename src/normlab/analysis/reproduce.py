@@ -46,13 +46,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
 import pandas as pd
 
 from normlab import layout
-from normlab.analysis import report, sweep
+from normlab.analysis import gates, report, sweep
 from normlab.analysis.logs import parse_overrides, same_value
 from normlab.analysis.readme import update_readme
 from normlab.analysis.reproductions import REPRODUCTIONS
@@ -323,6 +324,8 @@ def redraw(name: str, quick: bool, root: Path, norm: str | None = None) -> dict[
     seeds = seeds_given(repro, jobs)
     title = repro.title + (f"; with the norm {norm}" if norm else "")
     result = repro.render(data)
+    if norm:
+        result = within(result, data, name)
     if quick and result.notes:  # the analysis writes its notes for the full budget
         result.notes.insert(0, quick_note(repro))
     plugin = _plugin(jobs) if norm else None
@@ -332,6 +335,28 @@ def redraw(name: str, quick: bool, root: Path, norm: str | None = None) -> dict[
         repro.budget(quick).text, jobs, default_seeds(quick, name), seed_cap(quick, name),
         redraw_text(name, quick, norm, plugin), smoke=quick,
     )  # fmt: skip
+
+
+def within(result: report.Result, data: pd.DataFrame, name: str) -> report.Result:
+    """A `--norm` run of some grids (a report card's slot) holds only their arms: the claims and
+    gates on arms it lacks are left to NAME's own md, which decides them on its evidence; the
+    arms it holds that NAME's analysis does not gate (the norm's own) get their gates here."""
+    present = set(data["arm"])
+
+    def held(arm: str) -> bool:  # an arm, or one of its settings (`batchnorm/b2`)
+        return arm in present or arm.rsplit("/", 1)[0] in present
+
+    claims = [c for c in result.claims if all(held(a) for a in report.claim_arms(c))]
+    found = [g for g in result.gates if held(g.arm)]
+    left = len(result.claims) - len(claims)
+    found += gates.gates(data, sorted(present - {g.arm.rsplit("/", 1)[0] for g in found}
+                                      - {g.arm for g in found}))  # fmt: skip
+    if not left:
+        return replace(result, gates=found)
+    note = (f"{left} of the reproduction's {len(result.claims)} claims read arms this run does "
+            f"not hold: they are decided in outputs/figures/{name}.md, and left out here with "
+            "their arms' gates.")  # fmt: skip
+    return replace(result, claims=claims, gates=found, notes=[note, *result.notes])
 
 
 def redraw_text(name: str, quick: bool, norm: str | None, plugin: str | None) -> str:
