@@ -13,6 +13,7 @@ norm's card reads the committed evidence alone (no training).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -296,7 +297,8 @@ def leaderboard(cards: dict[str, pd.DataFrame]) -> str:
         for r in c.itertuples():
             if not r.quantity or r.norm == "not run":
                 continue
-            first = str(r.verdicts).split("; ")[0]
+            # the first verdict, without the seeds its plan asks for (the card itself says them)
+            first = re.sub(r" \(~\d+ seeds[^)]*\)", "", str(r.verdicts).split("; ")[0])
             cells[f"{r.reproduction}: {r.quantity}"] = (
                 f"{r.norm.split(' [')[0].split(' (n=')[0]} ({first})" if first else r.norm)
         body.append((norm, *(cells.get(k, "-") for k in columns)))
