@@ -266,7 +266,8 @@ def markdown(norm: str, frame: pd.DataFrame, header: list[str]) -> str:
 
 def figure(norm: str, card: list[Row], path: Path) -> None:
     """Per slot quantity, the norm beside its baselines with 95% intervals."""
-    import matplotlib.pyplot as plt  # noqa: PLC0415  (report sets the Agg backend)
+    # lazy: matplotlib loads only where a card is drawn, after report has set the Agg backend
+    import matplotlib.pyplot as plt  # noqa: PLC0415
 
     shown = [r for r in card if isinstance(r, Row)]
     fig, axes = plt.subplots(1, max(1, len(shown)), figsize=(2.6 * max(1, len(shown)), 3.2),

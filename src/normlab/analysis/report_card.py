@@ -27,7 +27,7 @@ from pathlib import Path
 import pandas as pd
 
 from normlab import layout
-from normlab.analysis import card, report
+from normlab.analysis import card, report, reproduce
 from normlab.analysis.reproductions import REPRODUCTIONS
 
 REPO = layout.root()  # --root's default: the checkout (or the cwd of an installed normlab)
@@ -41,7 +41,7 @@ def check_norm(norm: str, plugin: str | None) -> None:
     does not import, or something that is not an nn.Module class."""
     from torch import nn  # lazy: --help and bad input stay fast
 
-    from normlab.norms import available_norms, norm_class
+    from normlab.norms import available_norms, norm_class  # lazy: as torch's, above
 
     if str(REPO) not in sys.path:  # plugins import from the repo root, as train.py's jobs do
         sys.path.insert(0, str(REPO))
@@ -124,8 +124,6 @@ def _to_a_decision(s: card.Slot, norm: str, plugin: str | None, jobs: int,
     """--decide: a slot whose verdicts are undecided at its first seeds runs once more, to the
     seeds they plan for, and where still undecided there, to the cap: the reproductions' three
     looks (`reproduce.py NAME --decide`, normlab.analysis.sequential), finished jobs reused."""
-    from normlab.analysis import reproduce  # lazy: the sweeps load only when a card trains
-
     def plan() -> int | None:
         return card.seeds_to_decide(card.rows(s, norm, _evidence(s, norm, False, root)))
 
@@ -145,8 +143,6 @@ def run(norm: str, plugin: str | None, quick: bool, jobs: int, threads: int | No
     """Train the norm in every slot it fits (unless built in; `only`: the slots of these
     reproductions; `decide`: each slot on to the seeds its undecided verdicts plan for), then
     write its card."""
-    from normlab.analysis import reproduce  # the sweeps and the evidence's landing
-
     hours = reproduce._hours  # one home for how a time reads
 
     slots = card.slots(CONF)
@@ -160,9 +156,13 @@ def run(norm: str, plugin: str | None, quick: bool, jobs: int, threads: int | No
     todo = [s for s in slots if not fits[s.title]]
     if not builtin(norm, slots):
         total, each = estimate(todo, quick)
+        wall = (f"about {hours(total / jobs)} at --jobs {jobs}" if jobs > 1 else
+                f"about {hours(total / 2)} at --jobs 2 on 2 cores")  # fmt: skip
         print(f"card {norm}: {len(todo)} slots to train ({len(slots) - len(todo)} not "
-              f"applicable), about {hours(total)} of one core (from the committed jobs' wall "
-              f"times){'; smoke: not evidence' if quick else ''}", flush=True)  # fmt: skip
+              f"applicable), about {hours(total)} of one core, {wall} (from the committed "
+              f"jobs' wall times){'; smoke: not evidence' if quick else ''}"
+              f"{'; --decide adds the seeds undecided verdicts plan' if decide else ''}",
+              flush=True)  # fmt: skip
         start, done = time.time(), 0.0
         for k, (s, secs) in enumerate(zip(todo, each, strict=True), 1):
             grid = f"{s.grid}-{norm}"
@@ -246,7 +246,7 @@ def versions(slots: list[card.Slot], norm: str) -> str:
 
 def changed(slots: list[card.Slot], norm: str) -> str:
     """'' where every baseline ran today's training code, else a line saying which did not."""
-    from normlab.identity import code_version
+    from normlab.identity import code_version  # lazy: hashes src/ only when a card is written
 
     now = code_version()
     if set(baseline_versions(slots, norm)) <= {now}:
