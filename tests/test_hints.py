@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
 import torch
 
@@ -122,3 +123,88 @@ def test_reproduce_sets_the_variable_that_quiets_its_jobs_continue_lines():
     from normlab.run import task
 
     assert reproduce.OUTER_ENV == task.OUTER_ENV
+
+
+def test_a_hint_starts_the_program_as_it_was_started(monkeypatch):
+    from normlab import layout
+
+    package = Path(layout.__file__).resolve().parent
+    cases = {
+        "train.py": ["python", "train.py"],
+        "./train.py": ["python", "train.py"],
+        "/elsewhere/checkout/train.py": ["python", "/elsewhere/checkout/train.py"],
+        "/venv/bin/normlab-train": ["normlab-train"],  # a console script: no train.py here
+        str(package / "train.py"): ["python", "-m", "normlab.train"],
+    }
+    for argv0, expected in cases.items():
+        monkeypatch.setattr(sys, "argv", [argv0, "norm=groupnorm"])
+        assert layout.program("train.py", "normlab-train", "normlab.train") == expected, argv0
+    monkeypatch.setattr(sys, "argv", ["scripts/reproduce.py", "card"])
+    assert layout.program("scripts/reproduce.py", "normlab-reproduce", "x") == [
+        "python", "scripts/reproduce.py"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/normlab-reproduce", "card"])
+    assert layout.program("scripts/reproduce.py", "normlab-reproduce", "x") == ["normlab-reproduce"]
+
+
+def entry_point(bin_dir: Path, name: str, module: str) -> None:
+    """What pip writes for a [project.scripts] entry (pyproject.toml), into bin_dir."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    script = bin_dir / name
+    script.write_text(
+        f"#!{sys.executable}\nimport sys\nfrom {module} import main\n"
+        "if __name__ == '__main__':\n    sys.exit(main())\n"
+    )
+    script.chmod(0o755)
+
+
+class KillOnce(pl.Callback):
+    """SIGINT its own process at batch `batch` of training, once: not again once `marker`
+    exists, so a continue line run as printed (the same overrides) goes on to the end."""
+
+    def __init__(self, batch: int, marker: str):
+        self.batch, self.marker = batch, Path(marker)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if batch_idx == self.batch and not self.marker.exists():
+            self.marker.touch()
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("started", ["normlab-train", "train.py"])
+def test_an_interrupted_runs_continue_line_runs_as_printed(started, tmp_path):
+    """normlab-train from a dir without train.py (an installed normlab, README) stopped by Ctrl+C
+    after a checkpoint: its line says normlab-train and resumes there; python train.py stopped
+    before its first checkpoint: its ckpt_path=last_or_new line starts anew and finishes."""
+    here = tmp_path / "anywhere" if started == "normlab-train" else REPO
+    here.mkdir(exist_ok=True)
+    entry_point(tmp_path / "bin", "normlab-train", "normlab.train")
+    path = [str(REPO / "tests"), str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path),
+           "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
+    batch, every = (3, 2) if started == "normlab-train" else (1, 100)
+    run = ["batch=32", "trainer.max_epochs=1", "trainer.limit_train_batches=4",
+           "trainer.limit_val_batches=1", "test=false",
+           f"callbacks.last_checkpoint.every_n_train_steps={every}",
+           "+callbacks.kill._target_=test_hints.KillOnce", f"+callbacks.kill.batch={batch}",
+           f"+callbacks.kill.marker={tmp_path / 'killed'}",
+           f"hydra.run.dir={tmp_path / 'run'}"]  # fmt: skip
+    first = ["normlab-train"] if started == "normlab-train" else [sys.executable, "train.py"]
+    proc = subprocess.run([*first, *run], cwd=here, env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == 130, proc.stderr[-3000:]
+    (line,) = [h for h in proc.stderr.splitlines() if h.startswith("continue with: ")]
+    argv = shlex.split(line.removeprefix("continue with: "))
+    if started == "normlab-train":
+        assert argv[0] == "normlab-train" and argv[-1] == "ckpt_path=last", line
+    else:
+        assert argv[:2] == ["python", "train.py"] and argv[-1] == "ckpt_path=last_or_new", line
+        argv[0] = sys.executable  # the python of this test
+    again = subprocess.run(argv, cwd=here, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    last = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert last["global_step"] == 4
+    resumed = "Restoring states from the checkpoint path" in again.stdout + again.stderr
+    assert resumed == (started == "normlab-train")
+
