@@ -31,7 +31,7 @@ from normlab.errors import ConfigError, user_error
 from normlab.run import rundir
 from normlab.run.resume import read_checkpoint
 from normlab.run.rundir import LAST, LAST_OR_NEW, RESUMING, RUN_DIR, run_dir
-from normlab.run.training import train
+from normlab.run.training import OUTER_ENV, train  # OUTER_ENV: an outer command continues it
 
 log = logging.getLogger(__name__)
 FAILED: dict[str, Any] = {"status": "failed", "metrics": {}}
@@ -117,11 +117,6 @@ def _resume_point(cfg: DictConfig, held: rundir.Guard | None, overrides: str) ->
     with open_dict(cfg):
         cfg.ckpt_path = LAST
     return checkpoint
-
-
-# set by a command that runs train.py and prints its own continue line (scripts/reproduce.py):
-# an interrupted run then says where it is, not how to continue it alone
-OUTER_ENV = "NORMLAB_OUTER_COMMAND"
 
 
 def interrupted(cfg: DictConfig, hc: Any, signum: int) -> str:
