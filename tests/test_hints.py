@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -207,4 +208,65 @@ def test_an_interrupted_runs_continue_line_runs_as_printed(started, tmp_path):
     assert last["global_step"] == 4
     resumed = "Restoring states from the checkpoint path" in again.stdout + again.stderr
     assert resumed == (started == "normlab-train")
+    old_logs = [x for x in again.stderr.splitlines() if "Experiment logs directory" in x]
+    assert all("(normlab: the run starts anew" in x for x in old_logs), old_logs
 
+
+def test_the_missing_fashion_mnist_lines_work_as_printed(data_root, tmp_path):
+    """Line 2: the named files (each .gz) put in the named dir; line 3: data.root at a folder
+    holding FashionMNIST/raw. Either way the data module then sets up."""
+    from normlab.data.fashion_mnist import FashionMNISTDataModule
+    from normlab.errors import DataError
+
+    with pytest.raises(DataError) as err:
+        FashionMNISTDataModule(root=str(tmp_path / "data"), download=False).prepare_data()
+    where, put, point = str(err.value).splitlines()
+    raw = Path(where.removeprefix("Fashion-MNIST files missing from "))
+    names = put.removeprefix("put there, each .gz or unpacked: ").split()
+    assert len(names) == 4 and raw.parent.parent == tmp_path / "data", where
+    raw.mkdir(parents=True)
+    for name in names:
+        shutil.copy(data_root / "FashionMNIST" / "raw" / f"{name}.gz", raw)
+    FashionMNISTDataModule(root=str(tmp_path / "data"), download=False).prepare_data()
+    assert point == "or point NORMLAB_DATA (or data.root) at a folder holding FashionMNIST/raw"
+    FashionMNISTDataModule(root=str(data_root), download=False).prepare_data()
+
+
+def test_the_missing_shakespeare_lines_work_as_printed(data_root, tmp_path):
+    """input.txt put at the path the first line names: the data module then sets up."""
+    from normlab.data.shakespeare import ShakespeareDataModule
+    from normlab.errors import DataError
+
+    def data() -> ShakespeareDataModule:
+        return ShakespeareDataModule(root=str(tmp_path), download=False, batch_size=8)
+
+    with pytest.raises(DataError) as err:
+        first = data()
+        first.prepare_data()
+        first.setup("fit")
+    missing, put, point = str(err.value).splitlines()
+    path = Path(missing.removeprefix("tiny Shakespeare missing: no "))
+    assert put.startswith("put input.txt there, from https://") and path.name == "input.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(data_root / "tinyshakespeare" / "input.txt", path)
+    again = data()
+    again.prepare_data()
+    again.setup("fit")
+    assert point == "or point NORMLAB_DATA (or data.root) at a folder holding tinyshakespeare/"
+
+
+def test_the_log_every_n_steps_advice_runs_as_printed(tmp_path):
+    """Lightning's warning on 5 batches under the logging interval says to set
+    trainer.log_every_n_steps=N (N at most an epoch's batches): with N=5, no warning is left."""
+    from normlab.console import ADVICE
+
+    assert ADVICE[0][1].startswith("set trainer.log_every_n_steps=N, N at most the training ")
+    shrunk = ["trainer.max_epochs=1", "trainer.limit_train_batches=5",
+              "trainer.limit_val_batches=2", "test=false", "num_threads=1"]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "train.py", *shrunk, "trainer.log_every_n_steps=5",
+         f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "smaller than the logging interval" not in done.stdout + done.stderr
