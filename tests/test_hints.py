@@ -193,7 +193,7 @@ def test_an_interrupted_runs_continue_line_runs_as_printed(started, tmp_path):
            f"hydra.run.dir={tmp_path / 'run'}"]  # fmt: skip
     first = ["normlab-train"] if started == "normlab-train" else [sys.executable, "train.py"]
     proc = subprocess.run([*first, *run], cwd=here, env=env, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+                          timeout=600)  # fmt: skip
     assert proc.returncode == 130, proc.stderr[-3000:]
     (line,) = [h for h in proc.stderr.splitlines() if h.startswith("continue with: ")]
     argv = shlex.split(line.removeprefix("continue with: "))
@@ -202,7 +202,7 @@ def test_an_interrupted_runs_continue_line_runs_as_printed(started, tmp_path):
     else:
         assert argv[:2] == ["python", "train.py"] and argv[-1] == "ckpt_path=last_or_new", line
         argv[0] = sys.executable  # the python of this test
-    again = subprocess.run(argv, cwd=here, env=env, capture_output=True, text=True, timeout=300)
+    again = subprocess.run(argv, cwd=here, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     last = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)
     assert last["global_step"] == 4
@@ -270,3 +270,16 @@ def test_the_log_every_n_steps_advice_runs_as_printed(tmp_path):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "smaller than the logging interval" not in done.stdout + done.stderr
+
+
+def test_the_readmes_did_you_mean_example_builds_as_printed(compose, tmp_path):
+    """README's typo example: its printed suggestion composes and builds the model (LeNet's
+    GroupNorm layers have 6 and 16 channels; num_groups=4 failed there, after the hint)."""
+    from hydra.utils import instantiate
+
+    readme = (REPO / "README.md").read_text()
+    typed, said = re.search(r"\$ python train\.py (norm\.num_grups=\S+)\n(did you mean [^\n]+)",
+                            readme).groups()  # fmt: skip
+    fixed = said.removeprefix("did you mean ").split("?")[0].split()
+    assert fixed[0] == "norm=groupnorm" and fixed[1] == typed.replace("grups", "groups")
+    instantiate(compose(fixed, tmp_path).model)  # a num_groups that divides every layer's width
