@@ -175,3 +175,25 @@ def test_bench_eta_scales_what_is_left_by_the_measured_speed():
     )
     planned = eta.plan("train", 2, ["train_py_default"])
     assert list(planned) == ["train_py_default"] and planned["train_py_default"] > 60
+
+
+def test_the_continue_line_after_ctrl_c_runs_as_printed(tiny_bench, monkeypatch, capsys):
+    """`all` stopped in its train part: the line names the part left (train) with the same
+    options, and run as printed it writes that part beside the saved norms tables (one tiny
+    in-process case: the part itself is test_train_part_holds_only_equal_work_to_the_target's)."""
+    import shlex
+
+    monkeypatch.setattr(norms, "bench", lambda rounds, tick=None: [{"norm": "x", "ms": 1.0}])
+    real = train.bench
+    monkeypatch.setattr(train, "bench", ctrl_c_in_fit)
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["all", "--rounds", "1", "--threads", "1", "--train-cases", "lenet",
+                    "--out", str(tiny_bench)])  # fmt: skip
+    assert exit_.value.code == 130
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("continue with:")]
+    argv = shlex.split(line.removeprefix("continue with: "))
+    assert argv == ["python", "scripts/bench.py", "train", "--rounds", "1", "--threads", "1",
+                    "--train-cases", "lenet", "--out", str(tiny_bench)], line  # fmt: skip
+    monkeypatch.setattr(train, "bench", real)  # no Ctrl+C this time
+    bench.main(argv[2:])  # scripts/bench.py's main, with the printed arguments
+    assert (tiny_bench / "train.csv").is_file() and (tiny_bench / "norms.csv").is_file()

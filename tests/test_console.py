@@ -96,6 +96,20 @@ def test_advice_is_appended_once_to_the_warnings_it_names():
     assert console.advised(show) is not show and show.advised
 
 
+def test_a_run_started_anew_in_its_dir_says_what_to_do_about_its_old_logs():
+    """Lightning's CSV logger on a dir an interrupted attempt left (a continue line printed
+    before the first checkpoint: ckpt_path=last_or_new) says what happens and what to do."""
+    said = []
+    show = console.advised(lambda message, *rest: said.append(message))
+    text = (
+        "Experiment logs directory /r/csv/ exists and is not empty. Previous log files in this "
+        "directory will be deleted when the new ones are saved!"
+    )
+    show(text, UserWarning, "csv_logs.py", 268)
+    assert said == [f"{text} (normlab: {console.ADVICE[1][1]})"]
+    assert ADVISES.search(said[0]) and "hydra.run.dir" in said[0]
+
+
 def test_train_py_quiets_alembic_before_an_optuna_search_starts():
     import logging
     import runpy

@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
 import torch
 
@@ -122,3 +124,162 @@ def test_reproduce_sets_the_variable_that_quiets_its_jobs_continue_lines():
     from normlab.run import task
 
     assert reproduce.OUTER_ENV == task.OUTER_ENV
+
+
+def test_a_hint_starts_the_program_as_it_was_started(monkeypatch):
+    from normlab import layout
+
+    package = Path(layout.__file__).resolve().parent
+    cases = {
+        "train.py": ["python", "train.py"],
+        "./train.py": ["python", "train.py"],
+        "/elsewhere/checkout/train.py": ["python", "/elsewhere/checkout/train.py"],
+        "/venv/bin/normlab-train": ["normlab-train"],  # a console script: no train.py here
+        str(package / "train.py"): ["python", "-m", "normlab.train"],
+    }
+    for argv0, expected in cases.items():
+        monkeypatch.setattr(sys, "argv", [argv0, "norm=groupnorm"])
+        assert layout.program("train.py", "normlab-train", "normlab.train") == expected, argv0
+    monkeypatch.setattr(sys, "argv", ["scripts/reproduce.py", "card"])
+    assert layout.program("scripts/reproduce.py", "normlab-reproduce", "x") == [
+        "python", "scripts/reproduce.py"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/normlab-reproduce", "card"])
+    assert layout.program("scripts/reproduce.py", "normlab-reproduce", "x") == ["normlab-reproduce"]
+
+
+def entry_point(bin_dir: Path, name: str, module: str) -> None:
+    """What pip writes for a [project.scripts] entry (pyproject.toml), into bin_dir."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    script = bin_dir / name
+    script.write_text(
+        f"#!{sys.executable}\nimport sys\nfrom {module} import main\n"
+        "if __name__ == '__main__':\n    sys.exit(main())\n"
+    )
+    script.chmod(0o755)
+
+
+class KillOnce(pl.Callback):
+    """SIGINT its own process at batch `batch` of training, once: not again once `marker`
+    exists, so a continue line run as printed (the same overrides) goes on to the end."""
+
+    def __init__(self, batch: int, marker: str):
+        self.batch, self.marker = batch, Path(marker)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if batch_idx == self.batch and not self.marker.exists():
+            self.marker.touch()
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("started", ["normlab-train", "train.py"])
+def test_an_interrupted_runs_continue_line_runs_as_printed(started, tmp_path):
+    """normlab-train from a dir without train.py (an installed normlab, README) stopped by Ctrl+C
+    after a checkpoint: its line says normlab-train and resumes there; python train.py stopped
+    before its first checkpoint: its ckpt_path=last_or_new line starts anew and finishes."""
+    here = tmp_path / "anywhere" if started == "normlab-train" else REPO
+    here.mkdir(exist_ok=True)
+    entry_point(tmp_path / "bin", "normlab-train", "normlab.train")
+    path = [str(REPO / "tests"), str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path),
+           "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
+    batch, every = (3, 2) if started == "normlab-train" else (1, 100)
+    run = ["batch=32", "trainer.max_epochs=1", "trainer.limit_train_batches=4",
+           "trainer.limit_val_batches=1", "test=false",
+           f"callbacks.last_checkpoint.every_n_train_steps={every}",
+           "+callbacks.kill._target_=test_hints.KillOnce", f"+callbacks.kill.batch={batch}",
+           f"+callbacks.kill.marker={tmp_path / 'killed'}",
+           f"hydra.run.dir={tmp_path / 'run'}"]  # fmt: skip
+    first = ["normlab-train"] if started == "normlab-train" else [sys.executable, "train.py"]
+    proc = subprocess.run([*first, *run], cwd=here, env=env, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert proc.returncode == 130, proc.stderr[-3000:]
+    (line,) = [h for h in proc.stderr.splitlines() if h.startswith("continue with: ")]
+    argv = shlex.split(line.removeprefix("continue with: "))
+    if started == "normlab-train":
+        assert argv[0] == "normlab-train" and argv[-1] == "ckpt_path=last", line
+    else:
+        assert argv[:2] == ["python", "train.py"] and argv[-1] == "ckpt_path=last_or_new", line
+        argv[0] = sys.executable  # the python of this test
+    again = subprocess.run(argv, cwd=here, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    last = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert last["global_step"] == 4
+    resumed = "Restoring states from the checkpoint path" in again.stdout + again.stderr
+    assert resumed == (started == "normlab-train")
+    old_logs = [x for x in again.stderr.splitlines() if "Experiment logs directory" in x]
+    assert all("(normlab: the run starts anew" in x for x in old_logs), old_logs
+
+
+def test_the_missing_fashion_mnist_lines_work_as_printed(data_root, tmp_path):
+    """Line 2: the named files (each .gz) put in the named dir; line 3: data.root at a folder
+    holding FashionMNIST/raw. Either way the data module then sets up."""
+    from normlab.data.fashion_mnist import FashionMNISTDataModule
+    from normlab.errors import DataError
+
+    with pytest.raises(DataError) as err:
+        FashionMNISTDataModule(root=str(tmp_path / "data"), download=False).prepare_data()
+    where, put, point = str(err.value).splitlines()
+    raw = Path(where.removeprefix("Fashion-MNIST files missing from "))
+    names = put.removeprefix("put there, each .gz or unpacked: ").split()
+    assert len(names) == 4 and raw.parent.parent == tmp_path / "data", where
+    raw.mkdir(parents=True)
+    for name in names:
+        shutil.copy(data_root / "FashionMNIST" / "raw" / f"{name}.gz", raw)
+    FashionMNISTDataModule(root=str(tmp_path / "data"), download=False).prepare_data()
+    assert point == "or point NORMLAB_DATA (or data.root) at a folder holding FashionMNIST/raw"
+    FashionMNISTDataModule(root=str(data_root), download=False).prepare_data()
+
+
+def test_the_missing_shakespeare_lines_work_as_printed(data_root, tmp_path):
+    """input.txt put at the path the first line names: the data module then sets up."""
+    from normlab.data.shakespeare import ShakespeareDataModule
+    from normlab.errors import DataError
+
+    def data() -> ShakespeareDataModule:
+        return ShakespeareDataModule(root=str(tmp_path), download=False, batch_size=8)
+
+    with pytest.raises(DataError) as err:
+        first = data()
+        first.prepare_data()
+        first.setup("fit")
+    missing, put, point = str(err.value).splitlines()
+    path = Path(missing.removeprefix("tiny Shakespeare missing: no "))
+    assert put.startswith("put input.txt there, from https://") and path.name == "input.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(data_root / "tinyshakespeare" / "input.txt", path)
+    again = data()
+    again.prepare_data()
+    again.setup("fit")
+    assert point == "or point NORMLAB_DATA (or data.root) at a folder holding tinyshakespeare/"
+
+
+def test_the_log_every_n_steps_advice_runs_as_printed(tmp_path):
+    """Lightning's warning on 5 batches under the logging interval says to set
+    trainer.log_every_n_steps=N (N at most an epoch's batches): with N=5, no warning is left."""
+    from normlab.console import ADVICE
+
+    assert ADVICE[0][1].startswith("set trainer.log_every_n_steps=N, N at most the training ")
+    shrunk = ["trainer.max_epochs=1", "trainer.limit_train_batches=5",
+              "trainer.limit_val_batches=2", "test=false", "num_threads=1"]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "train.py", *shrunk, "trainer.log_every_n_steps=5",
+         f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "smaller than the logging interval" not in done.stdout + done.stderr
+
+
+def test_the_readmes_did_you_mean_example_builds_as_printed(compose, tmp_path):
+    """README's typo example: its printed suggestion composes and builds the model (LeNet's
+    GroupNorm layers have 6 and 16 channels; num_groups=4 failed there, after the hint)."""
+    from hydra.utils import instantiate
+
+    readme = (REPO / "README.md").read_text()
+    typed, said = re.search(r"\$ python train\.py (norm\.num_grups=\S+)\n(did you mean [^\n]+)",
+                            readme).groups()  # fmt: skip
+    fixed = said.removeprefix("did you mean ").split("?")[0].split()
+    assert fixed[0] == "norm=groupnorm" and fixed[1] == typed.replace("grups", "groups")
+    instantiate(compose(fixed, tmp_path).model)  # a num_groups that divides every layer's width

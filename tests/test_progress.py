@@ -107,6 +107,25 @@ def test_the_estimate_knows_whether_the_config_set_the_threads(threads, own, com
     assert estimate.own_threads is own
 
 
+def test_a_job_of_an_outer_command_estimates_without_train_py_hints(compose, tmp_path, monkeypatch):
+    """A job of scripts/reproduce.py or a card (NORMLAB_OUTER_COMMAND set): its estimate has no
+    `shorter: trainer....` and no num_threads=1, which the outer command does not take."""
+    from normlab.run import build_callbacks
+    from normlab.run.training import OUTER_ENV
+
+    cfg = compose(["progress=epoch"], tmp_path)
+    (alone,) = [c for c in build_callbacks(cfg) if isinstance(c, RunEstimate)]
+    monkeypatch.setenv(OUTER_ENV, "1")
+    (job,) = [c for c in build_callbacks(cfg) if isinstance(c, RunEstimate)]
+    long = Estimate(steps=2140, step_s=0.5, epochs=10, epoch_steps=214, val_s=1.0, threads=2)
+    assert "shorter: trainer.max_epochs=1" in long.line(alone.hint_over_s)
+    assert "num_threads=1" in long.line(alone.hint_over_s)
+    assert long.line(job.hint_over_s) == (
+        "estimate: about 18 min: 2140 training steps (10 epochs of 214) at 500.0 ms, validation "
+        "about 1 s (this machine, timed over the first steps)"
+    )
+
+
 def test_run_estimate_reads_the_budget_and_the_sanity_checks_validation_time():
     cb = RunEstimate()
     cb._val = [0.05, 0.01]  # the sanity check's batches: the fastest stands for one

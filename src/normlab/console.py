@@ -44,6 +44,11 @@ ADVICE = (
         "set trainer.log_every_n_steps=N, N at most the training batches of an epoch, or "
         "ignore this: the metrics logged per epoch are logged all the same",
     ),
+    (  # a continue line printed before the first checkpoint (ckpt_path=last_or_new) starts anew
+        r"Experiment logs directory .* exists and is not empty",
+        "the run starts anew in its run dir, whose earlier attempt left no checkpoint to resume: "
+        "its logs are replaced; use another hydra.run.dir to keep them",
+    ),
 )
 
 

@@ -9,6 +9,7 @@ installed wheel. Standard library only: train.py imports it before torch loads.
 
 from __future__ import annotations
 
+import sys
 from importlib.resources import files
 from pathlib import Path
 
@@ -35,3 +36,17 @@ def root() -> Path:
     """Where reproductions and benchmarks run and write outputs/ (their `--root` default): the
     checkout, or the current directory for an installed wheel."""
     return checkout() or Path.cwd()
+
+
+def program(script: str, entry: str, module: str) -> list[str]:
+    """How this process was started, for a hint's command to start it again the same way:
+    `python <script>` as typed (sys.argv[0]: train.py, scripts/reproduce.py, from the dir it was
+    typed in), `python -m <module>` for the package's own module, else the installed entry point
+    (`normlab-train`): a wheel has no train.py, and outside a checkout `python train.py` fails."""
+    argv0 = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
+    if argv0.suffix != ".py" or argv0.name != Path(script).name:
+        return [entry]
+    package = Path(str(files("normlab"))).resolve()
+    if argv0.resolve().is_relative_to(package):
+        return ["python", "-m", module]
+    return ["python", str(argv0)]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import shlex
 import sys
 import time
 from dataclasses import replace
@@ -333,8 +334,10 @@ def main(argv: list[str]) -> None:
         paths = run(args.norm, args.plugin, args.budget == "quick", args.jobs, args.threads,
                     args.root.resolve(), only, args.decide)  # fmt: skip
     except KeyboardInterrupt:
-        print(f"card {args.norm}: interrupted; finished jobs are kept. continue with: python "
-              f"scripts/reproduce.py card {' '.join(argv)}", file=sys.stderr, flush=True)
+        command = shlex.join([*layout.program("scripts/reproduce.py", "normlab-reproduce",
+                                              "normlab.analysis.reproduce"), "card", *argv])
+        print(f"card {args.norm}: interrupted; finished jobs are kept. continue with: {command}",
+              file=sys.stderr, flush=True)  # fmt: skip
         raise SystemExit(130) from None
     print(f"card {args.norm}: wrote {paths['md']}")
     print(pd.read_csv(paths["csv"], keep_default_na=False).to_string(index=False))

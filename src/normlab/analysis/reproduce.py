@@ -100,6 +100,10 @@ def estimate(name: str, jobs: int = 1) -> str | None:
 # normlab.run.task.OUTER_ENV (not imported: that module loads torch): set while the sweeps run,
 # so that an interrupted job leaves the continue line to this command
 OUTER_ENV = "NORMLAB_OUTER_COMMAND"
+# this command as it was started (python scripts/reproduce.py, or normlab-reproduce outside a
+# checkout), for its continue lines
+PROGRAM = partial(layout.program, "scripts/reproduce.py", "normlab-reproduce",
+                  "normlab.analysis.reproduce")  # fmt: skip
 QUICK_JOB_S = 60.0  # a --quick job: about a minute (--help says so)
 
 
@@ -240,7 +244,7 @@ class Interrupt:
 
     def stop(self, argv: list[str], root: Path) -> SystemExit:
         """Say where things are and how to continue; the exit (130) to raise."""
-        command = shlex.join(["python", "scripts/reproduce.py", *argv])
+        command = shlex.join([*PROGRAM(), *argv])
         kept = root / "outputs" / "reproduce"
         print(f"interrupted: the finished jobs in {kept} are reused, a stopped one resumes "
               f"from its last.ckpt if it has one\n"

@@ -26,12 +26,12 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
-from normlab import loggers
+from normlab import layout, loggers
 from normlab.errors import ConfigError, user_error
 from normlab.run import rundir
 from normlab.run.resume import read_checkpoint
 from normlab.run.rundir import LAST, LAST_OR_NEW, RESUMING, RUN_DIR, run_dir
-from normlab.run.training import train
+from normlab.run.training import OUTER_ENV, train  # OUTER_ENV: an outer command continues it
 
 log = logging.getLogger(__name__)
 FAILED: dict[str, Any] = {"status": "failed", "metrics": {}}
@@ -119,22 +119,18 @@ def _resume_point(cfg: DictConfig, held: rundir.Guard | None, overrides: str) ->
     return checkpoint
 
 
-# set by a command that runs train.py and prints its own continue line (scripts/reproduce.py):
-# an interrupted run then says where it is, not how to continue it alone
-OUTER_ENV = "NORMLAB_OUTER_COMMAND"
-
-
 def interrupted(cfg: DictConfig, hc: Any, signum: int) -> str:
     """Two lines for a run or sweep ended by a signal: where it is, and the command that
     continues it (the same overrides, its dir, and for a single run ckpt_path=last, or
     last_or_new before its first checkpoint; a multirun skips finished jobs and resumes the
     others)."""
     name = signal.Signals(signum).name
+    start = layout.program("train.py", "normlab-train", "normlab.train")  # as it was started
     if hc is not None and hc.mode.name == "MULTIRUN":
         argv = [a for a in sys.argv[1:] if not a.startswith("hydra.sweep.dir=")]
         argv = argv if {"-m", "--multirun"} & set(argv) else ["-m", *argv]
         sweep_dir = Path(hc.sweep.dir).absolute()
-        command = ["python", "train.py", *argv, f"hydra.sweep.dir={sweep_dir}"]
+        command = [*start, *argv, f"hydra.sweep.dir={sweep_dir}"]
         return (
             f"interrupted ({name}): sweep dir {sweep_dir}, job {hc.job.num} in "
             f"{run_dir(cfg).absolute()}\ncontinue with: {shlex.join(command)}"
@@ -144,7 +140,7 @@ def interrupted(cfg: DictConfig, hc: Any, signum: int) -> str:
     kept = [o for o in (hc.overrides.task if hc is not None else [])
             if not o.lstrip("+~").startswith(("ckpt_path=", "hydra.run.dir="))]  # fmt: skip
     resume = LAST if last.is_file() else LAST_OR_NEW
-    command = ["python", "train.py", *kept, f"hydra.run.dir={here}", f"ckpt_path={resume}"]
+    command = [*start, *kept, f"hydra.run.dir={here}", f"ckpt_path={resume}"]
     where = "resumable from checkpoints/last.ckpt" if last.is_file() else "no checkpoint yet"
     return f"interrupted ({name}): run dir {here}, {where}\ncontinue with: {shlex.join(command)}"
 

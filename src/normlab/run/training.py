@@ -5,6 +5,7 @@ this package's too; normlab.run.task runs it as train.py's task function."""
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import warnings
@@ -31,6 +32,11 @@ from normlab.preflight import preflight
 from normlab.run import resume, rundir
 
 SUMMARY_GROUPS = ("train", "val", "test", "diverged")  # metric prefixes a run's result keeps
+# set by a command that runs train.py as its jobs (scripts/reproduce.py, a card): its jobs'
+# train.py overrides are not the user's to type, so their estimate says no "shorter:" and no
+# num_threads=1 (the outer command has its own estimate, --quick and --threads); normlab.run.task
+# leaves the continue line to it
+OUTER_ENV = "NORMLAB_OUTER_COMMAND"
 RESUMED_DIR_WARNING = r"Checkpoint directory .* exists and is not empty"  # ModelCheckpoint's
 
 
@@ -142,7 +148,9 @@ def build_callbacks(cfg: DictConfig, resolved: dict[str, Any] | None = None) -> 
         except Exception as err:  # instantiate wraps the cause; name the config key
             raise ConfigError(f"callbacks.{name}: {err}") from err
     if cfg.get("progress") in ("epoch", "bar"):
-        callbacks.append(RunEstimate(own_threads=not cfg.get("num_threads")))
+        hint_over_s = math.inf if os.environ.get(OUTER_ENV) else 60.0  # a job: no train.py hint
+        own = not cfg.get("num_threads")
+        callbacks.append(RunEstimate(hint_over_s=hint_over_s, own_threads=own))
     if cfg.get("progress") == "epoch":
         callbacks += [StepProgress(float(cfg.get("progress_every") or 30)), EpochProgress()]
     return callbacks
