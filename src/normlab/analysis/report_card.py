@@ -334,8 +334,7 @@ def main(argv: list[str]) -> None:
         paths = run(args.norm, args.plugin, args.budget == "quick", args.jobs, args.threads,
                     args.root.resolve(), only, args.decide)  # fmt: skip
     except KeyboardInterrupt:
-        command = shlex.join([*layout.program("scripts/reproduce.py", "normlab-reproduce",
-                                              "normlab.analysis.reproduce"), "card", *argv])
+        command = shlex.join([*reproduce.PROGRAM(), "card", *argv])
         print(f"card {args.norm}: interrupted; finished jobs are kept. continue with: {command}",
               file=sys.stderr, flush=True)  # fmt: skip
         raise SystemExit(130) from None
