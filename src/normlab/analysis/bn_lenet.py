@@ -18,26 +18,15 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from normlab.analysis import claims as declared
 from normlab.analysis import gates
 from normlab.analysis.curves import crossing
 from normlab.analysis.logs import Run
-from normlab.analysis.report import Claim, Result
-from normlab.analysis.stats import ABOVE, BELOW
+from normlab.analysis.report import Result
 
-# ----- the paper's claims (Ioffe & Szegedy 2015), quoted; the only numbers typed here ---------
-PAPER = {
-    "faster": "BN-Baseline reaches Inception's best accuracy (72.2%) in 13.3M vs 31.0M steps: "
-    "'less than half the number of training steps' (Table 2, ImageNet)",
-    "accuracy": "Fig. 1a (MNIST): higher test accuracy with BN (a plot, no number)",
-    "curve": "Fig. 1a (MNIST): 'the network with BN trains faster and achieves higher accuracy' "
-    "(its curve above the baseline's throughout; a plot, no number)",
-    "stable": "Fig. 1b,c: without BN the sigmoid input's 15/50/85th percentiles drift; with BN "
-    "'much more stable' (a plot, no number)",
-}
-# ----- thresholds of the rules --------------------------------------------------------------
-MIN_SPEEDUP = 2.0  # the paper's "less than half the steps"
+# the claims: conf/reproduce/bn_lenet.yaml's claims:, built by normlab.analysis.claims
 TARGETS = (0.95, 0.98)  # fractions of the no-norm net's final accuracy the step counts reach
-MAX_DRIFT_RATIO = 0.5  # ours: "much more stable" read as less than half the drift
+STEPS_RATIO, AUC = "steps_ratio", "auc"  # `quantities`' per-seed numbers beside runs.csv's
 
 NETS = {"lenet": "LeNet", "mlp": "MLP 3x100 (the BN paper's)"}
 DECAY = "lenet_decay"  # LeNet's grid with its lr decayed exponentially to 1% of its peak
@@ -100,12 +89,6 @@ def extract(runs: list[Run]) -> pd.DataFrame:
 # ----- runs.csv -> claims and figure ----------------------------------------------------------
 
 
-def _scalar(data: pd.DataFrame, arm_: str, metric: str) -> pd.Series:
-    """{seed: value} of a per-job number."""
-    rows = data[(data["arm"] == arm_) & (data["metric"] == metric)]
-    return rows.set_index("seed")["value"]
-
-
 def _curve(data: pd.DataFrame, arm_: str, metric: str) -> dict[int, pd.Series]:
     """{seed: value by x} of a logged series."""
     rows = data[(data["arm"] == arm_) & (data["metric"] == metric)]
@@ -146,135 +129,33 @@ def auc(curve: pd.Series) -> float:
     return 100.0 * float(np.trapezoid(y, x) / (x[-1] - x[0]))
 
 
-def _pair(data: pd.DataFrame, net: str, metric: str) -> pd.DataFrame:
-    return pd.concat(
-        [_scalar(data, f"{net}/batchnorm", metric), _scalar(data, f"{net}/none", metric)],
-        axis=1, keys=["bn", "none"],
-    ).dropna()  # fmt: skip
+def quantities(data: pd.DataFrame) -> pd.DataFrame:
+    """runs.csv's rows and, from each net's held-out accuracy curves, per seed: the steps ratio
+    at each of TARGETS (under the BN arm, x the target) and each arm's area under its curve
+    (auc): the quantities conf/reproduce/bn_lenet.yaml's claims read."""
+    rows = []
+    for net in NETS:
+        arms = (f"{net}/batchnorm", f"{net}/none")
+        bn_acc, plain_acc = _curve(data, arms[0], "val/acc"), _curve(data, arms[1], "val/acc")
+        seeds = sorted(set(bn_acc) & set(plain_acc))
+        rows += [(arms[0], s, f, STEPS_RATIO, steps_ratio(plain_acc[s], bn_acc[s], f))
+                 for f in TARGETS for s in seeds]  # fmt: skip
+        for a, acc in zip(arms, (bn_acc, plain_acc), strict=True):
+            rows += [(a, s, math.nan, AUC, auc(acc[s])) for s in seeds]
+    if not rows:
+        return data
+    return pd.concat([data, pd.DataFrame(rows, columns=data.columns)], ignore_index=True)
 
 
-def _claims(data: pd.DataFrame, net: str) -> list[Claim]:
-    label = NETS[net].split(" ")[0]
-    arms = (f"{net}/batchnorm", f"{net}/none")
-    bn_acc, plain_acc = _curve(data, arms[0], "val/acc"), _curve(data, arms[1], "val/acc")
-    seeds = sorted(set(bn_acc) & set(plain_acc))
-    steps = (
-        f"accuracy every {EVERY} steps, mean of the last {SMOOTH} evaluations; BN never there: "
-        f"its last step + {EVERY}, favouring the paper"
-    )
-    claims = [
-        Claim(
-            f"{label}: BN reaches {f:.0%} of the no-norm net's final held-out accuracy in fewer "
-            "steps",
-            PAPER["curve"],
-            f"steps the no-norm net takes to {f:.0%} of its final accuracy / steps BN takes to "
-            f"the same accuracy ({steps})",
-            [steps_ratio(plain_acc[s], bn_acc[s], f) for s in seeds],
-            (1.0, ABOVE),
-            log=True,
-            source="paper",
-            arms=arms,
-        )
-        for f in TARGETS
-    ]
-    claims.append(
-        Claim(
-            f"{label}: BN reaches {TARGETS[-1]:.0%} of the no-norm net's final held-out accuracy "
-            "in less than half its steps",
-            PAPER["faster"],
-            f"as the claim above at {TARGETS[-1]:.0%}",
-            [steps_ratio(plain_acc[s], bn_acc[s], TARGETS[-1]) for s in seeds],
-            (MIN_SPEEDUP, ABOVE),
-            log=True,
-            source="paper",
-            arms=arms,
-        )
-    )
-    return claims + _end_claims(data, net, label, arms, bn_acc, plain_acc, seeds)
-
-
-def _end_claims(
-    data: pd.DataFrame,
-    net: str,
-    label: str,
-    arms: tuple[str, str],
-    bn_acc: dict[int, pd.Series],
-    plain_acc: dict[int, pd.Series],
-    seeds: list[int],
-) -> list[Claim]:
-    """The area under the curves, the final test accuracy and the drift of the inputs."""
-    claims = []
-    claims.append(
-        Claim(
-            f"{label}: BN's held-out accuracy curve lies higher (area under it)",
-            PAPER["curve"],
-            "BN's mean held-out accuracy over the run minus the no-norm net's (area under the "
-            "curve / steps), points",
-            [auc(bn_acc[s]) - auc(plain_acc[s]) for s in seeds],
-            (0.0, ABOVE),
-            source="paper",
-            arms=arms,
-        )
-    )
-    drift = _pair(data, net, "drift")
-    claims += [
-        _accuracy_claim(data, net, f"{label}: BN's final test accuracy is higher"),
-        Claim(
-            f"{label}: with BN the sigmoid inputs drift less than half as much",
-            PAPER["stable"],
-            "BN's drift / the no-norm net's; drift = per unit of the last hidden layer, "
-            "(max - min of its median over training) / its mean 15-85th percentile width, "
-            "averaged over the layer's units",
-            list(drift["bn"] / drift["none"]),
-            (BELOW, MAX_DRIFT_RATIO),
-            log=True,
-            source="ours",
-            why="the paper shows the distribution stable (Fig. 1(b,c)); the drift measure and "
-            "its half are this suite's",
-            arms=arms,
-        ),
-    ]
-    return claims
-
-
-def _accuracy_claim(data: pd.DataFrame, net: str, claim: str, **why: str) -> Claim:
-    """BN's final test accuracy against the no-norm net's, the same seeds, in `net`'s grid."""
-    test = _pair(data, net, "test/acc")
-    return Claim(
-        claim,
-        PAPER["accuracy"],
-        "test accuracy (10k images, checkpoint of the best held-out accuracy), BN minus "
-        "no norm, points",
-        list(100.0 * (test["bn"] - test["none"])),
-        (0.0, ABOVE),
-        source="ours" if why else "paper",
-        arms=(f"{net}/batchnorm", f"{net}/none"),
-        final=True,
-        **why,
-    )
-
-
-def _decayed(ax: plt.Axes, data: pd.DataFrame) -> list[Claim]:
-    """LeNet's held-out accuracy and final test accuracy at the end of a decaying lr:
-    exponential to 1% over the 2,700 steps (the BN paper's kind of decay; dotted), and a cosine
-    to 0 over twice the steps (dashed)."""
+def _decayed(ax: plt.Axes, data: pd.DataFrame) -> None:
+    """LeNet's held-out accuracy at the end of a decaying lr: exponential to 1% over the 2,700
+    steps (the BN paper's kind of decay; dotted), and a cosine to 0 over twice the steps
+    (dashed). Its claims, final test accuracy, are the yaml's."""
     for grid, style, how in ((DECAY, ":", "exponential"), (COSINE, "--", "cosine")):
         for j, (norm, label) in enumerate(NORMS.items()):
             for line in _seed_lines(ax, _curve(data, f"{grid}/{norm}", "val/acc"), f"C{j}",
                                     f"{label}, lr decayed ({how})"):  # fmt: skip
                 line.set_linestyle(style)
-    why = ("the paper's MNIST net trains at a constant lr, at which LeNet is still improving "
-           "after 2,700 steps (the claim above reads invalid); this compares the two at the end "
-           "of one decaying schedule, ")  # fmt: skip
-    return [
-        _accuracy_claim(data, DECAY, "LeNet, its lr decayed exponentially to 1% of its peak: "
-                        "BN's final test accuracy is higher", why=why + "decayed exponentially "
-                        "as the BN paper decays its lr (Sec. 4.2.1)"),  # fmt: skip
-        _accuracy_claim(data, COSINE, "LeNet, its lr decayed by a cosine over 5,400 steps: "
-                        "BN's final test accuracy is higher", why=why + "a cosine to 0 over "
-                        "twice the steps, so the no-norm net has time to leave its initial "
-                        "plateau before the lr falls"),  # fmt: skip
-    ]
 
 
 def _seed_lines(
@@ -294,7 +175,7 @@ def _seed_lines(
 def render(data: pd.DataFrame) -> Result:
     """Per network: held-out accuracy against steps, and unit 0's percentiles without / with BN."""
     fig, axes = plt.subplots(len(NETS), 3, figsize=(15, 4.2 * len(NETS)), squeeze=False)
-    claims, arms = [], []
+    arms = []
     for i, (net, title) in enumerate(NETS.items()):
         ax_acc = axes[i][0]
         for j, (norm, label) in enumerate(NORMS.items()):
@@ -319,10 +200,9 @@ def render(data: pd.DataFrame) -> Result:
         ax_acc.set_ylabel("accuracy")
         if ax_acc.lines:
             ax_acc.legend(fontsize=8)
-        claims += _claims(data, net)
         arms += [f"{net}/{norm}" for norm in NORMS]
         if net == "lenet":  # the same LeNet at the end of a decayed lr
-            claims += _decayed(ax_acc, data)
+            _decayed(ax_acc, data)
             arms += [f"{grid}/{norm}" for grid in (DECAY, COSINE) for norm in NORMS]
     fig.suptitle("BatchNorm on sigmoid networks, Fashion-MNIST (BN paper Fig. 1)")
     fig.tight_layout()
@@ -347,4 +227,5 @@ def render(data: pd.DataFrame) -> Result:
         "(dotted), and by a cosine from 0.1 to 0 over 5,400 steps (dashed), so both arms end "
         "at the schedule's floor.",
     ]
+    claims = declared.build("bn_lenet", quantities(data), {"every": EVERY, "smooth": SMOOTH})
     return Result(fig, claims, notes, gates.gates(data, arms))

@@ -17,24 +17,14 @@ from dataclasses import replace
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from normlab.analysis import claims as declared
 from normlab.analysis import gates
 from normlab.analysis.logs import Run
 from normlab.analysis.report import Claim, Result, markdown_table
-from normlab.analysis.stats import ABOVE, Interval
+from normlab.analysis.stats import Interval
 
-# ----- the paper's numbers (Wu & He 2018, ResNet-50 on ImageNet, val error %) ------------------
-PAPER_BN = {32: 23.6, 2: 34.7}  # Table 2: BN at 32 and 2 images per GPU
-PAPER_GN = {32: 24.1, 2: 24.1}  # Table 2: GN at 32 and 2 images per GPU
-PAPER_AT_32 = {"batchnorm": 23.6, "groupnorm": 24.1, "layernorm": 25.3, "instancenorm": 28.4}
-# ----- thresholds of the rules (percentage points of test error) -------------------------------
-MIN_BN_RISE = 2.0  # BN's error rises by more than this from b=32 to b=2
-GN_FLAT = 1.0  # GN's error at every b within +-this of its error at b=32
-ABSENT_FRACTION = 0.1  # an effect within +-a tenth of the paper's own is absent at this scale
-
-PAPER_PRECISE = (
-    "Wu & Johnson 2021 Sec. 3: precise statistics estimate the population better than the "
-    "moving average (EMA), most while the weights change fast (their Fig. 3, Table 1)"
-)
+# ----- the claims: conf/reproduce/gn_batch_size.yaml's claims:, built by normlab.analysis.claims
+GN_FLAT = 1.0  # the band GN's claims hold its change from b=32 in (+-points), shaded in the figure
 NORMS = {"batchnorm": "BN", "groupnorm": "GN", "layernorm": "LN", "instancenorm": "IN"}
 FIXED = "batchnorm_sgd256"  # the arm with SGD's batch fixed at 256
 PRECISE = "batchnorm_precise"  # BN with precise statistics (Wu & Johnson 2021) before test
@@ -151,192 +141,11 @@ def errors(data: pd.DataFrame, arm_: str, metric: str = "test/error") -> pd.Data
     return table.reindex(columns=sorted({BIG, 16, 8, 4, SMALL} | set(table.columns)))
 
 
-def _change(table: pd.DataFrame, b: int, base: pd.Series | None = None) -> list[float]:
-    """Per seed: the error at b minus the error at b=32 (of `base` when given)."""
-    ref = table.get(BIG) if base is None else base
-    if b not in table or ref is None:
+def _change(table: pd.DataFrame, b: int) -> list[float]:
+    """Per seed: the error at b minus the error at b=32."""
+    if b not in table or BIG not in table:
         return []
-    return list((table[b] - ref).dropna())
-
-
-def _bn_rise(bn: pd.DataFrame, arm_: str = "batchnorm", net: str = "") -> Claim:
-    """BN's error at b=2 minus at b=32 above the bound; `net` prefixes the claim's words."""
-    return Claim(
-        f"{net}BN's error rises by more than {MIN_BN_RISE:g} points from {BIG} to {SMALL} images "
-        "per device",
-        f"{PAPER_BN[32]}% -> {PAPER_BN[2]}% (+{PAPER_BN[2] - PAPER_BN[32]:.1f})",
-        f"BN's test error at b={SMALL} minus at b={BIG}, points",
-        _change(bn, SMALL),
-        (MIN_BN_RISE, ABOVE),
-        source="ours",
-        why=f"the paper's rise is {PAPER_BN[2] - PAPER_BN[32]:.1f} points on ResNet-50; the "
-        f"{MIN_BN_RISE:g}-point bound is this suite's",
-        arms=(gate_arm(arm_, BIG), gate_arm(arm_, SMALL)),
-        final=True,
-        **_absent(PAPER_BN[2] - PAPER_BN[32], "rise"),
-    )
-
-
-def _absent(effect: float, what: str) -> dict:
-    """The equivalence band of a claim: +-ABSENT_FRACTION of the paper's own effect."""
-    delta = ABSENT_FRACTION * abs(effect)
-    return {"absent": (-delta, delta),
-            "absent_why": f"{ABSENT_FRACTION:g} x the paper's {what} of {abs(effect):.1f} points, "
-                          "a fraction fixed for every claim of this figure before any run"}
-
-
-def _absent_sd(errors: pd.Series | None, b: int) -> dict:
-    """The equivalence band of a claim the paper gives no number for: +-one seed-to-seed SD of
-    the BN arm's own test error at b (the noise of one arm, not the effect measured)."""
-    if errors is None or errors.notna().sum() < 2:
-        return {}
-    sd = float(errors.dropna().std(ddof=1))
-    return {"absent": (-sd, sd),
-            "absent_why": f"one seed-to-seed SD of BN's own test error at b={b} ({sd:.3g} "
-                          "points): the paper gives no number to take a fraction of"}
-
-
-def _gn_flat(gn: pd.DataFrame, b: int, arm_: str = "groupnorm", net: str = "") -> Claim:
-    """GN's error at b minus at b=32 within the band."""
-    return Claim(
-        f"{net}GN's error at b={b} stays within +-{GN_FLAT:g} point of b={BIG}",
-        f"{PAPER_GN[32]}% at 32, {PAPER_GN[2]}% at 2 (Table 2)",
-        f"GN's test error at b={b} minus at b={BIG}, points",
-        _change(gn, b),
-        (-GN_FLAT, GN_FLAT),
-        source="ours",
-        why=f"the paper shows GN flat; the +-{GN_FLAT:g}-point band is this suite's",
-        arms=(gate_arm(arm_, BIG), gate_arm(arm_, b)),
-        final=True,
-    )
-
-
-def _gn_below_bn(bn: pd.DataFrame, gn: pd.DataFrame, arms: tuple[str, str] = ("batchnorm",
-                 "groupnorm"), net: str = "") -> Claim:  # fmt: skip
-    """BN's error minus GN's at b=2, paired by seed, above 0."""
-    both = (
-        pd.concat([bn[SMALL], gn[SMALL]], axis=1).dropna() if SMALL in bn and SMALL in gn else None
-    )
-    return Claim(
-        f"{net}GN's error is lower than BN's at b={SMALL}",
-        f"GN {PAPER_GN[2]}% vs BN {PAPER_BN[2]}% ({PAPER_BN[2] - PAPER_GN[2]:.1f} points lower)",
-        f"BN's test error minus GN's at b={SMALL}, points",
-        [] if both is None else list(both.iloc[:, 0] - both.iloc[:, 1]),
-        (0.0, ABOVE),
-        source="paper",
-        arms=(gate_arm(arms[0], SMALL), gate_arm(arms[1], SMALL)),
-        final=True,
-    )
-
-
-def _claims(err: dict[str, pd.DataFrame]) -> list[Claim]:
-    gn = err["groupnorm"]
-    claims = [_bn_rise(err["batchnorm"])]
-    for b in sorted((b for b in gn.columns if b != BIG and gn[b].notna().any()), reverse=True):
-        claims.append(_gn_flat(gn, b))
-    return claims + _comparison_claims(err)
-
-
-def _allconv_claims(err: dict[str, pd.DataFrame]) -> list[Claim]:
-    """The all-conv net's BN rise, GN's flatness at b=2 and GN against BN at b=2."""
-    bn_arm, gn_arm = ALLCONV
-    bn, gn, net = err[bn_arm], err[gn_arm], "all-conv net: "
-    return [
-        _bn_rise(bn, bn_arm, net),
-        _gn_flat(gn, SMALL, gn_arm, net),
-        _gn_below_bn(bn, gn, (bn_arm, gn_arm), net),
-    ]
-
-
-def _comparison_claims(err: dict[str, pd.DataFrame]) -> list[Claim]:
-    """GN against BN at b=2, the order of the four norms at b=32, BN's rise at a fixed SGD
-    batch, and the precise-statistics claims."""
-    bn = err["batchnorm"]
-    claims = [_gn_below_bn(bn, err["groupnorm"])]
-    order = list(NORMS)  # the paper's order at 32 images per GPU: BN < GN < LN < IN
-    for lower, higher in zip(order, order[1:], strict=False):
-        pair = pd.concat([err[higher].get(BIG), err[lower].get(BIG)], axis=1).dropna()
-        claims.append(
-            Claim(
-                f"at b={BIG}: {NORMS[lower]}'s error is lower than {NORMS[higher]}'s (Table 1's "
-                "order BN < GN < LN < IN)",
-                f"{NORMS[lower]} {PAPER_AT_32[lower]}% vs {NORMS[higher]} {PAPER_AT_32[higher]}%",
-                f"{NORMS[higher]}'s test error minus {NORMS[lower]}'s at b={BIG}, points",
-                list(pair.iloc[:, 0] - pair.iloc[:, 1]) if pair.shape[1] == 2 else [],
-                (0.0, ABOVE),
-                undecided="tie (within noise)",
-                source="paper",
-                arms=(gate_arm(lower, BIG), gate_arm(higher, BIG)),
-                final=True,
-                **_absent(PAPER_AT_32[higher] - PAPER_AT_32[lower], "gap"),
-            )
-        )
-    fixed = err.get(FIXED)
-    claims.append(
-        Claim(
-            f"with SGD's batch fixed at 256, BN's error still rises by more than {MIN_BN_RISE:g} "
-            f"points from {BIG} to {SMALL} images per statistics batch (the rise comes from the "
-            "statistics)",
-            "not measured in the paper, which attributes BN's rise to 'inaccurate batch "
-            "statistics estimation' (Sec. 1)",
-            f"BN's test error at a statistics batch of {SMALL} in SGD steps of 256, minus BN's "
-            f"at {BIG} (the same job as the linear-scaling arm's b={BIG}), points",
-            [] if fixed is None or BIG not in bn else _change(fixed, SMALL, bn[BIG]),
-            (MIN_BN_RISE, ABOVE),
-            source="ours",
-            why="the paper does not separate the statistics from the SGD batch",
-            arms=(gate_arm(FIXED, SMALL), gate_arm("batchnorm", BIG)),
-            final=True,
-        )
-    )
-    claims += _precise_claims(err)
-    return claims
-
-
-def _precise_claims(err: dict[str, pd.DataFrame]) -> list[Claim]:
-    """BN with precise statistics (same seeds, so the same training as the BN arm: only the
-    statistics used at test differ) against BN's moving averages, at b=32 and b=2, and its own
-    rise from 32 to 2: what of BN's small-batch error the statistics' estimate explains."""
-    bn, precise = err["batchnorm"], err.get(PRECISE)
-    claims = []
-    for b in (BIG, SMALL):
-        pair = (
-            pd.concat([bn.get(b), precise.get(b)], axis=1).dropna()
-            if precise is not None and b in precise and b in bn
-            else None
-        )
-        claims.append(
-            Claim(
-                f"at b={b}: BN's test error is lower with precise statistics than with its "
-                "moving averages",
-                PAPER_PRECISE,
-                f"BN's test error with moving-average statistics minus with precise statistics "
-                f"at b={b} (same seed), points",
-                [] if pair is None else list(pair.iloc[:, 0] - pair.iloc[:, 1]),
-                (0.0, ABOVE),
-                source="paper",
-                arms=(gate_arm("batchnorm", b), gate_arm(PRECISE, b)),
-                **_absent_sd(bn.get(b), b),
-            )
-        )
-    claims.append(
-        Claim(
-            f"with precise statistics, BN's error still rises by more than {MIN_BN_RISE:g} "
-            f"points from {BIG} to {SMALL} images per device (the rise is not the moving "
-            "average's estimate)",
-            f"{PAPER_BN[32]}% -> {PAPER_BN[2]}% with the usual statistics; Wu & Johnson: at "
-            "small batches the error comes from training/test inconsistency, not the estimate",
-            f"BN's test error with precise statistics at b={SMALL} minus at b={BIG}, points",
-            [] if precise is None else _change(precise, SMALL),
-            (MIN_BN_RISE, ABOVE),
-            source="ours",
-            why="neither paper measures BN's rise with precise statistics",
-            arms=(gate_arm(PRECISE, BIG), gate_arm(PRECISE, SMALL)),
-            final=True,
-            **_absent(PAPER_BN[2] - PAPER_BN[32], "rise"),
-        )
-    )
-    return claims
+    return list((table[b] - table[BIG]).dropna())
 
 
 def _epochs_by_gate_arm(data: pd.DataFrame) -> dict[str, set[float]]:
@@ -417,7 +226,7 @@ def render(data: pd.DataFrame) -> Result:
         {a for a in data["arm"].unique() if GATE_ARM.search(a) and not a.startswith(PILOT)}
     )
     sections = {"Pilot: the budget at which b=32 converges": _pilot_section(pilots)}
-    claims = _claims(err) + (_allconv_claims(allconv) if ran else [])
+    claims = declared.build("gn_batch_size", data)  # test/error per arm, seed and b
     epochs = _epochs_by_gate_arm(data)
     claims = [_comparable(c, epochs) for c in claims]
     return Result(fig, claims, notes, gates.gates(data, arms), sections)

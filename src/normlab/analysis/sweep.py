@@ -25,6 +25,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from normlab import layout
+from normlab.analysis import claims
 from normlab.analysis.logs import Run, load_sweep, parse_overrides, same_value
 from normlab.analysis.report import JOBS_COLUMNS, Result
 from normlab.sweep.callbacks import EXIT_JOBS_FAILED
@@ -268,6 +269,7 @@ def load(path: Path) -> Reproduction:
     """A reproduction from its declaration: grids x arms, budgets, seeds, and the analysis
     module's extract and render (and optional prepare/finish)."""
     spec = yaml.safe_load(path.read_text())
+    claims.entries(spec, path)  # a bad claims entry fails here, naming the file and the entry
     module = importlib.import_module(spec["analysis"])
     grids = []
     for name, g in spec["grids"].items():

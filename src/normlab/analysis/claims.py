@@ -1,0 +1,267 @@
+"""A reproduction's claims as data: the `claims:` list of conf/reproduce/NAME.yaml, built into
+Claim objects (normlab.analysis.report) from the per-seed quantities its analysis extracted.
+
+An entry says what a claim states and how it is tested; the analysis module gives the numbers
+as a long table (arm, seed, x, metric, value: runs.csv's columns), of which an entry reads one
+`quantity` (a metric) at an arm and, where the arm ran several, a setting `x` (e.g. a batch size).
+
+    - claim: "GN's error is lower than BN's at b=2"   # the words the claim is tested in
+      kind: difference                   # one of KINDS
+      quantity: test/error               # the metric it reads
+      of: {arm: batchnorm, x: 2}         # per seed: of - minus (ratio: of / over; count: of
+      minus: {arm: groupnorm, x: 2}      #   against against; value: of as extracted)
+      per_seed: "BN's test error minus GN's at b=2, points"
+      region: {above: 0}                 # the paper's side: above / below / within [lo, hi]
+      gates: [batchnorm/b2, groupnorm/b2]  # the gate arms that decide whether it is read
+      final: true                        # compares final values (each arm must converge)
+      source: paper                      # or ours, with `why`
+      paper: "GN 24.1% vs BN 34.7%"      # the paper's number, quoted
+      absent: {fraction: 0.1, paper: [23.6, 34.7], why: "..."}  # an equivalence band (BANDS)
+
+A difference may `scale` its unit (100: an accuracy to points); a value may be `log` (a ratio).
+
+`each: {b: [16, 8, 4, 2]}` repeats an entry for each value ({b} in its strings and settings
+replaced); `present: [{arm, x}]` keeps an entry only where one of those has a value; the analysis
+may fill other {name}s from its data (`build`'s words). A claim no kind expresses stays code in
+its analysis module.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from normlab import layout
+from normlab.analysis import stats
+from normlab.analysis.report import PROVENANCE, Claim, CountClaim
+
+# the kinds, and the second operand each reads beside `of` (None: `of` alone)
+KINDS = {
+    "difference": "minus",  # per seed: of - minus, paired by seed
+    "ratio": "over",  # per seed: of / over; its geometric mean, the CI on the log scale
+    "value": None,  # per seed: of as extracted (a slope, a ratio taken within a seed)
+    "count": "against",  # events (0 or 1 a seed) in `of` against `against`, each arm's seeds
+}
+# an equivalence band's rules: a fraction of the paper's effect, one seed-to-seed SD of an
+# arm's own quantity, or a band given as numbers; each with `why`, its words
+BANDS = {"fraction": ("fraction", "paper"), "sd": ("sd",), "band": ("band",)}
+KEYS = {"claim", "kind", "quantity", "of", *filter(None, KINDS.values()), "per_seed", "region",
+        "gates", "final", "source", "why", "paper", "undecided", "log", "absent", "each",
+        "present", "ceiling_against", "untrained_answers", "scale"}  # fmt: skip
+REGIONS = {"above", "below", "within"}
+
+
+def declaration(name: str, conf: Path | None = None) -> Path:
+    """Where reproduction NAME is declared."""
+    return (conf or layout.reproduce_dir()) / f"{name}.yaml"
+
+
+def build(name: str, quantities: pd.DataFrame, words: dict | None = None,
+          conf: Path | None = None) -> list:  # fmt: skip
+    """NAME's declared claims, in their order, with the per-seed values `quantities` gives;
+    `words` fills the {name}s an entry's strings leave to the data (e.g. ln_rnn's {every})."""
+    path = declaration(name, conf)
+    spec = yaml.safe_load(path.read_text())
+    built = [_fill(e, words or {}) for e in entries(spec, path)]
+    return [_claim(e, quantities) for e in built if _present(e, quantities)]
+
+
+def entries(spec: dict, path: Path) -> list[dict]:
+    """A declaration's claims entries, each repeated over its `each` and checked: a bad kind,
+    key, region, band or source, or an arm no grid declares, is a one-line error naming the
+    yaml file and the entry."""
+    arms = [a for g in spec.get("grids", {}).values() for a in g.get("arms", {})]
+    out = []
+    for k, entry in enumerate(spec.get("claims") or ()):
+        for one in _expand(entry, path, k):
+            _check(one, arms, path, k)
+            out.append(one)
+    return out
+
+
+def _where(path: Path, k: int, entry: dict) -> str:
+    words = entry.get("claim") if isinstance(entry, dict) else None
+    return f"{path}: claims[{k}]" + (f" ({words!r})" if words else "")
+
+
+def _expand(entry: dict, path: Path, k: int) -> list[dict]:
+    """The entry once per value of its `each` (several keys go together, value by value)."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"{_where(path, k, entry)}: an entry is a mapping, got {entry!r}")
+    each = entry.get("each")
+    if each is None:
+        return [entry]
+    lengths = {len(v) for v in each.values()} if isinstance(each, dict) else set()
+    if len(lengths) != 1 or not all(isinstance(v, list) for v in each.values()):
+        raise ValueError(f"{_where(path, k, entry)}: each maps names to lists of one length, "
+                         f"got {each!r}")  # fmt: skip
+    rest = {key: v for key, v in entry.items() if key != "each"}
+    return [_fill(rest, dict(zip(each, values, strict=True)))
+            for values in zip(*each.values(), strict=True)]  # fmt: skip
+
+
+def _fill(value, names: dict):
+    """`value` with each {name} in its strings replaced by that name's value."""
+    if isinstance(value, str):
+        for key, v in names.items():
+            value = value.replace(f"{{{key}}}", str(v))
+        return value
+    if isinstance(value, dict):
+        return {key: _fill(v, names) for key, v in value.items()}
+    if isinstance(value, list):
+        return [_fill(v, names) for v in value]
+    return value
+
+
+def _known(arm: str, arms: list[str], gate: bool = False) -> bool:
+    """An arm a grid declares (a templated one, e.g. deep/${x}, matched loosely); a gate arm
+    may be one followed by /its setting (gn_batch_size's batchnorm/b2)."""
+    for a in arms:
+        pattern = re.sub(r"\\\$\\\{[^}]*\\\}", ".+", re.escape(a))
+        if re.fullmatch(pattern + (r"(/.+)?" if gate else ""), arm):
+            return True
+    return False
+
+
+def _check(entry: dict, arms: list[str], path: Path, k: int) -> None:
+    where = _where(path, k, entry)
+
+    def fail(problem: str) -> None:
+        raise ValueError(f"{where}: {problem}")
+
+    unknown = sorted(set(entry) - KEYS)
+    if unknown:
+        fail(f"unknown key(s) {', '.join(unknown)}; an entry's keys: {', '.join(sorted(KEYS))}")
+    kind = entry.get("kind")
+    if kind not in KINDS:
+        fail(f"kind {kind!r} is not one of {', '.join(KINDS)}")
+    second = KINDS[kind]
+    needed = ["claim", "quantity", "of", "per_seed", "paper", "source", *([second] * bool(second))]
+    needed += [] if kind == "count" else ["region"]
+    missing = [key for key in needed if key not in entry]
+    if missing:
+        fail(f"a {kind} claim declares {', '.join(missing)}")
+    extra = [key for key in filter(None, KINDS.values()) if key in entry and key != second]
+    extra += [key for key in ("scale",) if key in entry and kind != "difference"]
+    extra += [key for key in ("log",) if key in entry and kind != "value"]
+    if extra:
+        fail(f"a {kind} claim reads no {', '.join(extra)}")
+    if entry["source"] not in PROVENANCE:
+        fail(f"source must be one of {', '.join(PROVENANCE)}, got {entry['source']!r}")
+    if entry["source"] == "ours" and not entry.get("why"):
+        fail("an 'ours' claim says why (why: ...)")
+    if "region" in entry:
+        _region(entry["region"], fail)
+    band = entry.get("absent")
+    if band is not None and (not isinstance(band, dict) or not band.get("why")
+                             or sum(b in band for b in BANDS) != 1):  # fmt: skip
+        fail(f"absent is one of {', '.join(BANDS)} with its why, got {band!r}")
+    selections = [entry["of"], *([entry[second]] if second else ()), *entry.get("present", ()),
+                  *([band["sd"]] if band and "sd" in band else [])]  # fmt: skip
+    for sel in selections:
+        if not isinstance(sel, dict) or "arm" not in sel or set(sel) - {"arm", "x"}:
+            fail(f"an arm to read is {{arm: NAME, x: SETTING}} (x optional), got {sel!r}")
+        if not _known(sel["arm"], arms):
+            fail(f"unknown arm {sel['arm']!r}: no grid declares it (arms: {', '.join(arms)})")
+    for gate in entry.get("gates", ()):
+        if not _known(gate, arms, gate=True):
+            fail(f"unknown gate arm {gate!r}: not a declared arm (or arm/setting)")
+
+
+def _region(region, fail) -> tuple[float, float]:
+    """{above: a} -> (a, ABOVE); {below: b} -> (BELOW, b); {within: [a, b]} -> (a, b)."""
+    if not isinstance(region, dict) or len(region) != 1 or set(region) - REGIONS:
+        fail(f"region is one of {{above: a}}, {{below: b}}, {{within: [a, b]}}, got {region!r}")
+    (side, bound), = region.items()
+    if side == "within":
+        if not isinstance(bound, list) or len(bound) != 2:
+            fail(f"region within is [low, high], got {bound!r}")
+        return float(bound[0]), float(bound[1])
+    return (float(bound), stats.ABOVE) if side == "above" else (stats.BELOW, float(bound))
+
+
+def _fail(problem: str) -> None:
+    raise ValueError(problem)
+
+
+def _rows(quantities: pd.DataFrame, quantity: str, sel: dict) -> pd.DataFrame:
+    """One arm's rows of `quantity` (at its setting x, where given)."""
+    rows = quantities[(quantities["arm"] == sel["arm"]) & (quantities["metric"] == quantity)]
+    return rows[rows["x"].astype(float) == float(sel["x"])] if "x" in sel else rows
+
+
+def per_seed(quantities: pd.DataFrame, quantity: str, sel: dict) -> pd.Series:
+    """One arm's `quantity` (at its setting x, where given), a value per seed, by seed."""
+    values = _rows(quantities, quantity, sel).set_index("seed")["value"]
+    if values.index.duplicated().any():
+        raise ValueError(f"{quantity} of {sel}: more than one value per seed (say its x)")
+    return values.sort_index()
+
+
+def _paired(a: pd.Series, b: pd.Series) -> pd.DataFrame:
+    """The seeds both have a value at, a row each."""
+    return pd.concat([a, b], axis=1, join="inner").dropna()
+
+
+def _present(entry: dict, quantities: pd.DataFrame) -> bool:
+    """Whether the entry is kept: it says no `present`, or one of those arms has a value."""
+    sels = entry.get("present")
+    return not sels or any(_rows(quantities, entry["quantity"], s)["value"].notna().any()
+                           for s in sels)  # fmt: skip
+
+
+def _absent(entry: dict, quantities: pd.DataFrame) -> dict:
+    """The claim's equivalence band and its rule in words; none where its rule gives none (an
+    SD of fewer than two values)."""
+    band = entry.get("absent")
+    if band is None:
+        return {}
+    if "fraction" in band:
+        low, high = band["paper"]
+        effect = abs(high - low)
+        delta = band["fraction"] * effect
+        return {"absent": (-delta, delta),
+                "absent_why": band["why"].format(fraction=band["fraction"], effect=effect)}
+    if "sd" in band:
+        values = per_seed(quantities, entry["quantity"], band["sd"]).dropna()
+        if len(values) < 2:
+            return {}
+        sd = float(values.std(ddof=1))
+        return {"absent": (-sd, sd), "absent_why": band["why"].format(sd=sd)}
+    low, high = band["band"]
+    return {"absent": (float(low), float(high)), "absent_why": band["why"]}
+
+
+def _claim(entry: dict, quantities: pd.DataFrame):
+    """One entry's Claim (CountClaim for a count) over the seeds its arms share."""
+    kind, quantity = entry["kind"], entry["quantity"]
+    of = per_seed(quantities, quantity, entry["of"])
+    shared = dict(
+        source=entry["source"], why=entry.get("why", ""), arms=tuple(entry.get("gates", ())),
+        final=bool(entry.get("final", False)),
+        ceiling_against=tuple(entry.get("ceiling_against", ())),
+        untrained_answers=tuple(entry.get("untrained_answers", ())),
+        **_absent(entry, quantities),
+    )  # fmt: skip
+    words = dict(claim=entry["claim"], paper_number=entry["paper"], quantity=entry["per_seed"])
+    if kind == "count":
+        a, b = of.dropna(), per_seed(quantities, quantity, entry["against"]).dropna()
+        counts = (int(a.sum()), len(a), int(b.sum()), len(b))  # each arm's own seeds
+        region = _region(entry["region"], _fail) if "region" in entry else (0.0, stats.ABOVE)
+        return CountClaim(**words, counts=counts, region=region, **shared)
+    if kind == "value":
+        values, log = list(of), bool(entry.get("log", False))  # a NaN stays: no interval
+    else:
+        pair = _paired(of, per_seed(quantities, quantity, entry[KINDS[kind]]))
+        first, second = pair.iloc[:, 0], pair.iloc[:, 1]
+        if kind == "ratio":
+            values = list(first / second)
+        else:  # `scale` changes a difference's unit (e.g. 100: an accuracy to points)
+            values = list(entry["scale"] * (first - second) if "scale" in entry else first - second)
+        log = kind == "ratio"
+    undecided = {"undecided": entry["undecided"]} if "undecided" in entry else {}
+    return Claim(**words, values=values, region=_region(entry["region"], _fail), log=log,
+                 **undecided, **shared)  # fmt: skip

@@ -1,0 +1,95 @@
+"""Claims declared as data (conf/reproduce/NAME.yaml's claims:, normlab.analysis.claims): a bad
+entry fails in one line naming its file and entry; each kind builds its claim."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+import yaml
+
+from normlab import layout
+from normlab.analysis import claims, stats, sweep
+from normlab.analysis.report import Claim, CountClaim
+
+GN = layout.reproduce_dir() / "gn_batch_size.yaml"
+
+
+def _with_entry(tmp_path, change: dict) -> tuple[dict, object]:
+    """gn_batch_size's declaration with its first claim changed, written under tmp_path."""
+    spec = yaml.safe_load(GN.read_text())
+    spec["claims"][0] = {**spec["claims"][0], **change}
+    path = tmp_path / "gn_batch_size.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return spec, path
+
+
+@pytest.mark.parametrize("change, problem", [
+    ({"kind": "paired"}, "kind 'paired' is not one of difference, ratio, value, count"),
+    ({"of": {"arm": "batchnrom", "x": 2}}, "unknown arm 'batchnrom': no grid declares it"),
+    ({"gates": ["batchnorm/b32", "batchnrom/b2"]}, "unknown gate arm 'batchnrom/b2'"),
+])  # fmt: skip
+def test_a_bad_claims_entry_fails_in_one_line_naming_the_file_and_entry(tmp_path, change, problem):
+    spec, path = _with_entry(tmp_path, change)
+    with pytest.raises(ValueError) as raised:
+        sweep.load(path)  # where every declaration is read: before any run or redraw
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith(f"{path}: claims[0] (\"BN's error rises by more than 2 points")
+    assert problem in message
+
+
+def test_every_declared_claims_entry_checks():
+    for path in sorted(layout.reproduce_dir().glob("*.yaml")):
+        claims.entries(yaml.safe_load(path.read_text()), path)
+
+
+def _quantities() -> pd.DataFrame:
+    rows = [("a", s, 1.0, "q", v) for s, v in enumerate([3.0, 4.0, 5.0, 6.0])]
+    rows += [("b", s, 1.0, "q", v) for s, v in enumerate([1.0, 2.0, 2.5])]  # seed 3 missing
+    rows += [("a", s, 2.0, "fail", v) for s, v in enumerate([1, 1, 0, 1])]
+    rows += [("b", s, 2.0, "fail", v) for s, v in enumerate([0, 0, 0, 0])]
+    return pd.DataFrame(rows, columns=["arm", "seed", "x", "metric", "value"])
+
+
+def _build(tmp_path, entry: dict) -> list:
+    spec = {"grids": {"g": {"arms": {"a": [], "b": []}}},
+            "claims": [{"claim": "a over b", "quantity": "q", "of": {"arm": "a", "x": 1},
+                        "per_seed": "words", "paper": "quoted", "source": "paper", **entry}]}
+    (tmp_path / "toy.yaml").write_text(yaml.safe_dump(spec))
+    return claims.build("toy", _quantities(), conf=tmp_path)
+
+
+def test_the_kinds_build_their_claims(tmp_path):
+    (diff,) = _build(tmp_path, {"kind": "difference", "minus": {"arm": "b", "x": 1},
+                                "region": {"above": 0}})  # fmt: skip
+    assert isinstance(diff, Claim) and diff.values == [2.0, 2.0, 2.5]  # seeds both have
+    assert diff.region == (0.0, stats.ABOVE) and not diff.log
+    (ratio,) = _build(tmp_path, {"kind": "ratio", "over": {"arm": "b", "x": 1},
+                                 "region": {"below": 2.5}})  # fmt: skip
+    assert ratio.log and ratio.values == [3.0, 2.0, 2.0] and ratio.region == (-math.inf, 2.5)
+    (value,) = _build(tmp_path, {"kind": "value", "region": {"within": [-1, 1]}})
+    assert value.values == [3.0, 4.0, 5.0, 6.0] and value.region == (-1.0, 1.0)
+    (count,) = _build(tmp_path, {"kind": "count", "quantity": "fail", "of": {"arm": "a"},
+                                 "against": {"arm": "b"}, "source": "ours", "why": "a count"})
+    assert isinstance(count, CountClaim) and count.counts == (3, 4, 0, 4)
+
+
+def test_an_entry_repeats_over_each_and_keeps_only_where_present(tmp_path):
+    built = _build(tmp_path, {
+        "claim": "a at {x}", "kind": "value", "each": {"x": [1, 2, 3]},
+        "of": {"arm": "a", "x": "{x}"}, "present": [{"arm": "a", "x": "{x}"}],
+        "quantity": "q", "region": {"above": 0}})  # fmt: skip
+    assert [c.claim for c in built] == ["a at 1"]  # q only at x=1; x=2, 3 have none
+
+
+def test_equivalence_bands_by_their_rules(tmp_path):
+    base = {"kind": "difference", "minus": {"arm": "b", "x": 1}, "region": {"above": 0}}
+    (frac,) = _build(tmp_path, {**base, "absent": {
+        "fraction": 0.1, "paper": [23.6, 34.7], "why": "{fraction:g} of {effect:.1f}"}})
+    assert frac.absent == (-0.1 * (34.7 - 23.6), 0.1 * (34.7 - 23.6))
+    assert frac.absent_why == "0.1 of 11.1"
+    (sd,) = _build(tmp_path, {**base, "absent": {"sd": {"arm": "b", "x": 1}, "why": "{sd:.3g}"}})
+    width = float(pd.Series([1.0, 2.0, 2.5]).std(ddof=1))
+    assert sd.absent == (-width, width) and sd.absent_why == f"{width:.3g}"
