@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from normlab.compute import keep_heap
 from normlab.norms import _fused_rms, create_norm
 from normlab.tables import markdown_table
 
@@ -152,8 +153,6 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="also write what it prints to this .md file")
     args = parser.parse_args()
     if args.keep_heap:
-        from normlab.compute import keep_heap
-
         keep_heap()
     shape = tuple(args.shape)
     lines: list[str] = []

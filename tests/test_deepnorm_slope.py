@@ -126,15 +126,18 @@ def test_a_missing_depth_leaves_that_seed_out_of_the_slope(tmp_path: Path):
 def test_the_grid_measures_one_step_without_warmup_at_three_lrs(compose, tmp_path: Path):
     from hydra.core.hydra_config import HydraConfig
 
+    from normlab.analysis import sweep
     from normlab.analysis.reproductions import REPRODUCTIONS
 
     grid = next(g for g in REPRODUCTIONS["deepnorm_depth"].grids if g.name == "model_update")
     assert grid.arm.startswith("model_update/${placement.name}/d${model.net.depth}/lr")
     cfg = compose([f"experiment={grid.experiment}", "seed=3"], tmp_path)
-    assert dict(HydraConfig.get().sweeper.params) == {
-        "placement": "post,deepnorm",
-        "model.net.depth": "6,12,25,50,100",
-        "optim.optimizer.lr": "1e-5,1e-4,1e-3",
+    assert not HydraConfig.get().sweeper.params  # the grid is conf/reproduce/deepnorm_depth's
+    full = REPRODUCTIONS["deepnorm_depth"].full
+    assert sweep.grid_values(grid, full, False) == {
+        "placement": ["post", "deepnorm"],
+        "model.net.depth": ["6", "12", "25", "50", "100"],
+        "optim.optimizer.lr": ["1e-5", "1e-4", "1e-3"],
     }
     assert cfg.trainer.max_steps == 1 and cfg.callbacks.update_norm.steps == 1
     assert cfg.callbacks.update_norm.blocks == "net.blocks"

@@ -91,10 +91,14 @@ def test_conditioning_sweep_lists_the_four_conditionings():
     from hydra.utils import instantiate
 
     import normlab.config  # noqa: F401
+    from normlab.analysis.reproductions import REPRODUCTIONS
+    from normlab.analysis.sweep import grid_values
 
     with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
         cfg = compose("train", ["experiment=dit_conditioning"], return_hydra_config=True)
-    swept = cfg.hydra.sweeper.params["model.net.conditioning"].split(",")
+    repro = REPRODUCTIONS["dit_conditioning"]  # its grids: conf/reproduce/dit_conditioning.yaml
+    grids = {g.name: grid_values(g, repro.full, False) for g in repro.grids}
+    swept = grids["conditioning"]["model.net.conditioning"]
     assert swept == ["adaln_zero", "adaln", "cross_attn", "in_context"]
     # scored as DiT's Table 4: once after the last step, no guidance, >= 5000 samples
     fid = cfg.callbacks.fid
@@ -102,7 +106,9 @@ def test_conditioning_sweep_lists_the_four_conditionings():
     assert fid.num_samples >= 5000
     with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
         deep = compose("train", ["experiment=dit_conditioning_deep"], return_hydra_config=True)
-    assert deep.hydra.sweeper.params["model.net.conditioning"] == "adaln_zero,adaln"
+    assert grids["deep"]["model.net.conditioning"] == ["adaln_zero", "adaln"]
+    assert not cfg.hydra.sweeper.params and not deep.hydra.sweeper.params
+    assert [g.experiment for g in repro.grids] == ["dit_conditioning", "dit_conditioning_deep"]
     assert deep.model.net.depth == 8 and deep.callbacks.fid == fid  # the same scoring
     assert deep.trainer.max_epochs * deep.trainer.limit_train_batches == 2400
     for conditioning in swept:

@@ -121,14 +121,31 @@ def test_threads_per_job_share_the_cores_unless_given(tmp_path: Path, monkeypatc
         "dyt_vs_ln_dit",
     ],
 )
-def test_experiment_config_composes_with_its_sweep_grid(compose, tmp_path: Path, name: str):
+def test_experiment_config_composes_without_a_grid_of_its_own(compose, tmp_path: Path, name: str):
+    """An experiment is its jobs' settings; the grids are declared once, in conf/reproduce/NAME
+    (the experiment yamls no longer repeat them as hydra.sweeper.params)."""
     cfg = compose([f"experiment={name}"], tmp_path)
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
-    params = HydraConfig.get().sweeper.params
-    assert params, f"experiment={name} has no hydra.sweeper.params"
-    assert HydraConfig.get().mode.name == "MULTIRUN"  # `python train.py experiment=NAME` sweeps
+    assert not HydraConfig.get().sweeper.params, f"experiment={name} sweeps on its own"
+    assert HydraConfig.get().mode != RunMode.MULTIRUN  # `python train.py experiment=NAME`: 1 job
     assert cfg.trainer.max_epochs >= 1
+
+
+def test_no_experiment_yaml_declares_a_sweep():
+    """Every grid lives in conf/reproduce/NAME.yaml; an experiment's hydra.sweeper.params would
+    repeat one (and be swept again by every `-m` of it)."""
+    import yaml
+
+    from normlab import layout
+
+    def params(path: Path) -> object:
+        hydra = (yaml.safe_load(path.read_text()) or {}).get("hydra") or {}
+        return (hydra.get("sweeper") or {}).get("params")
+
+    swept = [p.name for p in sorted((layout.conf_dir() / "experiment").glob("*.yaml")) if params(p)]
+    assert swept == []
 
 
 @pytest.mark.parametrize(
@@ -162,7 +179,11 @@ def test_gn_batch_size_allconv_is_the_same_recipe_on_the_all_conv_net(
 
     cfg = compose(["experiment=gn_batch_size_allconv", "norm.ghost_batch=${per_device}",
                    f"per_device={per_device}"], tmp_path)  # fmt: skip
-    assert HydraConfig.get().sweeper.params.per_device == "32,8,2"
+    assert not HydraConfig.get().sweeper.params  # the grid: conf/reproduce/gn_batch_size.yaml's
+    repro = REPRODUCTIONS["gn_batch_size"]
+    for name in ("allconv/bn", "allconv/gn"):
+        (grid,) = repro.only([name]).grids
+        assert sweep.grid_values(grid, repro.full, False)["per_device"] == ["32", "8", "2"]
     assert cfg.batch == 8 * per_device and cfg.norm.ghost_batch == per_device
     assert cfg.optim.optimizer.lr == pytest.approx(lr)
     assert cfg.optim.warmup_steps == 12800 // cfg.batch and cfg.optim.schedule == "cosine"
@@ -188,9 +209,12 @@ def test_ln_placement_warmup_grid_ties_the_data_order_to_the_seed(compose, tmp_p
     from hydra.core.hydra_config import HydraConfig
 
     cfg = compose(["experiment=ln_placement", "seed=5"], tmp_path)
-    params = HydraConfig.get().sweeper.params
-    assert dict(params) == {"placement": "post,pre", "optim.optimizer.lr": "5e-4,1e-3,2e-3,3e-3",
-                            "optim.warmup_steps": "0,100"}  # fmt: skip
+    assert not HydraConfig.get().sweeper.params  # the grid: conf/reproduce/ln_placement.yaml's
+    repro = REPRODUCTIONS["ln_placement"]
+    (warmup,) = repro.only(["warmup"]).grids
+    assert sweep.grid_values(warmup, repro.full, False) == {
+        "placement": ["post", "pre"], "optim.optimizer.lr": ["5e-4", "1e-3", "2e-3", "3e-3"],
+        "optim.warmup_steps": ["0", "100"]}  # fmt: skip
     assert cfg.data.seed == 5 and cfg.batch == 32 and cfg.data.batch_size == 32 and not cfg.test
     assert cfg.trainer.max_epochs * cfg.data.train_batches_per_epoch == 600
     assert cfg.model.net.depth == 6 and cfg.trainer.val_check_interval == 50
@@ -337,17 +361,20 @@ def test_quick_run_writes_evidence_reuses_its_jobs_and_redraws_the_same_md(
 def test_deepnorm_grids_measure_the_first_50_steps_and_train_300(compose, tmp_path):
     from hydra.core.hydra_config import HydraConfig
 
+    repro = REPRODUCTIONS["deepnorm_depth"]  # its grids: conf/reproduce/deepnorm_depth.yaml
+    grids = {g.name: sweep.grid_values(g, repro.full, False) for g in repro.grids}
     cfg = compose(["experiment=deepnorm_update", "seed=3"], tmp_path)
-    assert dict(HydraConfig.get().sweeper.params) == {
-        "placement": "post,deepnorm", "model.net.depth": "6,18,50", "optim.warmup_steps": "0,100"
+    assert not HydraConfig.get().sweeper.params
+    assert grids["update"] == {
+        "placement": ["post", "deepnorm"], "model.net.depth": ["6", "18", "50"],
+        "optim.warmup_steps": ["0", "100"]
     }  # fmt: skip
     assert cfg.trainer.max_steps == 50 and cfg.callbacks.update_norm.steps == 50
     assert cfg.optim.schedule == "constant" and cfg.trainer.limit_val_batches == 0
     assert cfg.batch == 16 and cfg.data.seed == 3 and not cfg.test
     cfg = compose(["experiment=deepnorm_depth", "seed=3"], tmp_path)
-    assert dict(HydraConfig.get().sweeper.params) == {
-        "placement": "post,deepnorm", "model.net.depth": "6,50"
-    }  # fmt: skip
+    assert not HydraConfig.get().sweeper.params
+    assert grids["loss"] == {"placement": ["post", "deepnorm"], "model.net.depth": ["6", "50"]}
     assert cfg.trainer.max_epochs * cfg.data.train_batches_per_epoch == 300
     assert cfg.optim.warmup_steps == 100 and cfg.callbacks.update_norm is None
 
@@ -361,11 +388,16 @@ def test_rmsnorm_speed_grids_time_three_twins_per_model_and_train_600_steps_of_o
     repro = REPRODUCTIONS["rmsnorm_speed"]
     speed, lstm, manual, quality, long = repro.grids  # one arm each
     budget = repro.budget(quick)
-    cfg = compose([f"experiment={speed.experiment}", *speed.all_overrides(budget, quick),
-                   "norm=prmsnorm", "seed=2"], tmp_path)  # fmt: skip
-    params = dict(HydraConfig.get().sweeper.params)
-    assert params == {"norm": "layernorm,rmsnorm,prmsnorm", "model.net.d_model": "128,256",
-                      "num_threads": "1"}  # fmt: skip
+
+    def one_job(grid: Grid) -> list[str]:  # the grid's overrides but its sweeps
+        return [o for o in grid.all_overrides(budget, quick) if "," not in o]
+
+    cfg = compose([f"experiment={speed.experiment}", *one_job(speed), "norm=prmsnorm", "seed=2"],
+                  tmp_path)  # fmt: skip
+    assert not HydraConfig.get().sweeper.params  # the grids: conf/reproduce/rmsnorm_speed.yaml's
+    assert sweep.grid_values(speed, budget, quick) == {
+        "norm": ["layernorm", "rmsnorm", "prmsnorm"], "model.net.d_model": ["128", "256"]}
+    assert "num_threads=1" in speed.all_overrides(budget, quick)
     assert speed.arm == "speed/gpt${model.net.d_model}/${normlab.norm_name:norm}/t${num_threads}"
     timer = cfg.callbacks.paired_step_time
     assert timer._target_ == "normlab.callbacks.timing.PairedStepTime" and timer.seed == 2
@@ -385,12 +417,12 @@ def test_rmsnorm_speed_grids_time_three_twins_per_model_and_train_600_steps_of_o
     assert pairs == (10 if quick else 100) and timer.op_rounds == (1 if quick else 3)
     assert cfg.trainer.max_epochs * cfg.data.train_batches_per_epoch >= cfg.trainer.max_steps
     assert cfg.trainer.limit_val_batches == 0 and cfg.callbacks.update_norm is None
-    assert cfg.num_threads == (1 if quick else None)  # the full sweep sets it
+    assert cfg.num_threads == 1  # the experiment's, and each grid's override
     assert (cfg.model.net.depth, cfg.batch) == ((1, 16) if quick else (4, 32))
     assert repro.max_jobs == 1  # timings: one job at a time
-    cfg = compose([f"experiment={lstm.experiment}", *lstm.all_overrides(budget, quick),
-                   "norm=rmsnorm", "seed=2"], tmp_path)  # fmt: skip
-    assert dict(HydraConfig.get().sweeper.params) == {"norm": "layernorm,rmsnorm,prmsnorm"}
+    cfg = compose([f"experiment={lstm.experiment}", *one_job(lstm), "norm=rmsnorm", "seed=2"],
+                  tmp_path)  # fmt: skip
+    assert sweep.grid_values(lstm, budget, quick)["norm"] == ["layernorm", "rmsnorm", "prmsnorm"]
     assert cfg.model.net._target_ == "normlab.models.lstm.LSTMLM" and cfg.num_threads == 1
     assert cfg.model.net.hidden_size == (32 if quick else 256)
     timer = cfg.callbacks.paired_step_time
@@ -399,16 +431,16 @@ def test_rmsnorm_speed_grids_time_three_twins_per_model_and_train_600_steps_of_o
     assert cfg.trainer.max_steps - timer.warmup == (10 if quick else 100)
     assert cfg.model.net.ctx == (16 if quick else 64)
     # like for like: the run's norm and LayerNorm's twin both written out (impl=manual)
-    cfg = compose([f"experiment={manual.experiment}", *manual.all_overrides(budget, quick),
-                   "norm=rmsnorm", "seed=2"], tmp_path)  # fmt: skip
+    cfg = compose([f"experiment={manual.experiment}", *one_job(manual), "norm=rmsnorm", "seed=2"],
+                  tmp_path)  # fmt: skip
     timer = cfg.callbacks.paired_step_time
     assert (cfg.norm.impl, timer.baseline_norm.impl) == ("manual", "manual")
     assert timer.model.net.norm_layer.impl == "manual" and manual.arm.startswith("speed/lstm_")
     assert sweep.grid_values(long, budget, quick, 3)["norm"] == ["layernorm", "prmsnorm"]
+    assert sweep.grid_values(quality, budget, quick)["norm"] == ["layernorm", "rmsnorm", "prmsnorm"]
     for grid, want in ((quality, 600), (long, 3000)):
-        single = [o for o in grid.all_overrides(budget, quick) if "," not in o]  # one job's
-        cfg = compose([f"experiment={grid.experiment}", *single, "seed=2"], tmp_path)
-        assert dict(HydraConfig.get().sweeper.params) == {"norm": "layernorm,rmsnorm,prmsnorm"}
+        cfg = compose([f"experiment={grid.experiment}", *one_job(grid), "seed=2"], tmp_path)
+        assert not HydraConfig.get().sweeper.params
         shape = (cfg.model.net.d_model, cfg.model.net.depth, cfg.batch, cfg.placement.name)
         assert shape == ((32, 4, 16, "pre") if quick else (128, 4, 32, "pre"))
         steps = cfg.trainer.max_epochs * cfg.data.train_batches_per_epoch
@@ -423,7 +455,9 @@ def test_dyt_vs_ln_grids_compose_the_papers_arms(compose, tmp_path):
     grids = {g.arm: g for g in repro.grids}
     gpt = grids["gpt/layernorm"]
     cfg = compose([f"experiment={gpt.experiment}", *gpt.overrides, "seed=1"], tmp_path)
-    assert HydraConfig.get().sweeper.params["norm"] == "layernorm,dyt,rmsnorm"
+    assert not HydraConfig.get().sweeper.params  # the gpt grid's arms name the norms
+    assert sorted(g.arm for g in repro.grids if g.name == "gpt") == [
+        "gpt/dyt", "gpt/layernorm", "gpt/rmsnorm"]  # fmt: skip
     net = cfg.model.net
     assert (net.depth, net.d_model, net.n_heads, cfg.placement.name) == (4, 128, 4, "pre")
     assert net.embed_scale is None and cfg.data.seed == 1 and not cfg.test
@@ -550,7 +584,8 @@ def test_subset_runs_part_of_a_grid_as_the_grids_own_jobs():
     in the grid, keys it does not sweep and reproductions without job_rows are refused."""
     repro, full = REPRODUCTIONS["gn_batch_size"], REPRODUCTIONS["gn_batch_size"].full
     (grid,) = repro.only(["allconv/bn"]).narrow("per_device", ["2"], quick=False).grids
-    assert sweep.grid_values(grid, full, False, 3) == {"per_device": ["2"], "seed": ["0", "1", "2"]}
+    assert sweep.grid_values(grid, full, False, 3) == {"seed": ["0", "1", "2"]}
+    assert sweep.task_overrides(grid, full, False)["per_device"] == "2"  # its jobs: b=2 only
     (pilot,) = repro.only(["pilot/allconv/bn"]).narrow("trainer.max_epochs", ["32"], False).grids
     declared = repro.only(["pilot/allconv/bn"]).grids[0].all_overrides(full, False)
     narrowed = pilot.all_overrides(full, False)

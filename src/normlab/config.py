@@ -11,7 +11,7 @@ import re
 import secrets
 from pathlib import Path
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from normlab.errors import ConfigError, UserError
 
@@ -48,7 +48,7 @@ def _slug(text: str, limit: int = 80) -> str:
 def _norm_name(key: str, _root_: DictConfig) -> str:
     """The short name of the norm config at `key`: the name its class is registered under
     (norm=dyt: dyt; a plugin's: its own), else the class's name."""
-    from normlab.norms import norm_name, norm_partial  # torch: only when a config asks
+    from normlab.norms import norm_name, norm_partial  # lazy: torch loads only when a config asks
 
     return norm_name(norm_partial(str(OmegaConf.select(_root_, key)._target_)))
 
@@ -57,7 +57,7 @@ def _norm_target(name: str, _root_: DictConfig) -> str:
     """`${normlab.norm:NAME}`: the class path of the norm registered as NAME (a plugin's: the
     config's `plugins` are imported first), or NAME itself when it is a class path: a norm
     config's `_target_` (norm=custom 'norm._target_=${normlab.norm:meanonly}')."""
-    from normlab.norms import class_path  # torch: only when a config asks
+    from normlab.norms import class_path  # lazy: torch loads only when a config asks
 
     import_plugins(_root_)
     return class_path(str(name))
@@ -116,6 +116,7 @@ def _non_finite(node: DictConfig | ListConfig, prefix: str = "") -> tuple[str, f
 
 def _choices() -> dict[str, str]:
     """Hydra's config group choices of this run ({} outside a Hydra run)."""
+    # lazy: hydra only here: normlab.config stays omegaconf-only (loads in ms)
     from hydra.core.hydra_config import HydraConfig
 
     if not HydraConfig.initialized():
@@ -187,8 +188,9 @@ def name_config_keys(err: BaseException) -> ConfigError | None:
     `n_heads=3 does not divide d_model=64`) becomes the node's key (`model.net.depth must be
     ...`). None for anything else: a UserError names its cause already, and a message naming
     none of the class's arguments is not about the config."""
+    # lazy: hydra only here: normlab.config stays omegaconf-only (loads in ms)
     from hydra.errors import InstantiationException
-    from hydra.utils import get_object
+    from hydra.utils import get_object  # lazy: as above
 
     cause = err.__cause__ if isinstance(err, InstantiationException) else None
     if not isinstance(cause, ValueError) or isinstance(cause, UserError):
@@ -277,6 +279,7 @@ def check_or_exit(cfg: DictConfig) -> bool:
     a bad value exits at once with its message; True when checked (normlab.run.task.main does not
     check it again). In a sweep normlab.run.task.main checks each job, records a failure in the
     summary and goes on: False."""
+    # lazy: hydra only here: normlab.config stays omegaconf-only (loads in ms)
     from hydra.core.hydra_config import HydraConfig
 
     if HydraConfig.initialized() and HydraConfig.get().mode.name == "MULTIRUN":
@@ -294,10 +297,10 @@ def compose(overrides: list[str], run_dir: str | Path, config_dir: str | Path) -
     Hydra's runtime config is set as during a run (loggers and callbacks read it), and
     `paths.output_dir` points at run_dir.
     """
+    # lazy: hydra only here: normlab.config stays omegaconf-only (loads in ms)
     from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import open_dict
+    from hydra import initialize_config_dir  # lazy: as above
+    from hydra.core.hydra_config import HydraConfig  # lazy: as above
 
     with initialize_config_dir(str(Path(config_dir).resolve()), version_base="1.3"):
         cfg = hydra_compose("train", overrides=overrides, return_hydra_config=True)

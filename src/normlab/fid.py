@@ -173,6 +173,7 @@ def load_feature_extractor(path: str | Path) -> LeNetFeatures:
 
 def fashion_mnist_test_pixels(root: str | Path) -> torch.Tensor:
     """The 10,000 Fashion-MNIST test images as (N, 1, 28, 28) floats in [0, 1]."""
+    # lazy: Lightning (the data module's) loads only to read the test images
     from normlab.data.fashion_mnist import FashionMNISTDataModule
 
     images = FashionMNISTDataModule(root=str(root), download=False).test_images()

@@ -16,7 +16,10 @@ from argparse import Namespace
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from lightning.pytorch.loggers import (
     CSVLogger,
     Logger,
@@ -29,6 +32,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 
+from normlab.config import _slug
 from normlab.errors import ConfigError
 from normlab.identity import NOT_IDENTITY
 
@@ -38,11 +42,8 @@ PROBE_TIMEOUT_S = 10.0  # a tracking server that does not answer a connect in th
 def sweep_group() -> str | None:
     """The sweep dir's name when running inside a Hydra multirun, else None."""
     try:
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.types import RunMode
-
         hc = HydraConfig.get()
-    except (ImportError, ValueError):
+    except ValueError:
         return None
     return Path(hc.sweep.dir).name if hc.mode == RunMode.MULTIRUN else None
 
@@ -55,10 +56,8 @@ def run_name() -> str | None:
     (`norm=groupnorm,batch=2`; "default" for none), without those that say where it writes,
     how it resumes or which trackers log it; None outside a Hydra job."""
     try:
-        from hydra.core.hydra_config import HydraConfig
-
         overrides = list(HydraConfig.get().overrides.task)
-    except (ImportError, ValueError):
+    except ValueError:
         return None
     left_out = (*NOT_IDENTITY, *NOT_IN_NAME)
     kept = [
@@ -193,8 +192,6 @@ class HparamsTensorBoardLogger(TensorBoardLogger):
     ):
         kwargs["default_hp_metric"] = False  # no placeholder metric
         if kwargs.get("version") is None:  # TensorBoard's run name: <save_dir>/<name>/<version>
-            from normlab.config import _slug
-
             name = run_name()
             kwargs["version"] = _slug(name) if name else None
         super().__init__(*args, **kwargs)
@@ -210,7 +207,7 @@ class HparamsTensorBoardLogger(TensorBoardLogger):
         super().log_hyperparams(params, metrics, step)  # hparams.yaml (and, given metrics, all)
         if metrics is not None or not self.hp_metrics:
             return
-        from torch.utils.tensorboard.summary import hparams
+        from torch.utils.tensorboard.summary import hparams  # lazy: tensorboard: hp_metrics only
 
         flat = {
             k: v if isinstance(v, bool | int | float | str) else str(v)
@@ -233,7 +230,7 @@ def wandb_logger(
     mode = (
         mode or os.environ.get("WANDB_MODE") or ("online" if wandb_has_credentials() else "offline")
     )
-    import wandb
+    import wandb  # lazy: wandb loads only for a wandb logger
 
     settings = wandb.Settings(init_timeout=60, silent=True, x_disable_stats=True)
     # the run id lives in the run dir, so a resumed run continues the same wandb run
@@ -285,8 +282,6 @@ def mlflow_logger(
 def check_servers(logger_cfg: DictConfig | None) -> None:
     """Connect to every tracker's http(s) tracking_uri before training (MLflow's client would
     retry an unreachable server for minutes without a message); ConfigError naming the URI."""
-    from urllib.parse import urlsplit
-
     for name, lg_cfg in (logger_cfg or {}).items():
         uri = str((lg_cfg or {}).get("tracking_uri") or "")
         url = urlsplit(uri)
@@ -350,7 +345,7 @@ def finish(loggers: list[Logger], err: BaseException | None = None, failed: bool
     for logger in loggers:  # MLFlowLogger passes a status it does not map on to MLflow
         logger.finalize("KILLED" if signum and isinstance(logger, MLFlowLogger) else status)
         if isinstance(logger, WandbLogger):
-            import wandb
+            import wandb  # lazy: as in wandb_logger
 
             if wandb.run is not None:
                 wandb.finish(exit_code=exit_code)

@@ -26,6 +26,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 
 CUTOFF = 0.6  # difflib's similarity a name must reach to be suggested (its default)
@@ -149,8 +151,6 @@ def suggestion(
 
 def _with_line(err: Exception, line: str) -> Exception:
     """The same exception with `line` in front of its message."""
-    from hydra.errors import MissingConfigException
-
     message = f"{line}\n{err}"
     if isinstance(err, MissingConfigException):
         return MissingConfigException(message, err.missing_cfg_file, err.options)
@@ -160,9 +160,6 @@ def _with_line(err: Exception, line: str) -> Exception:
 def install(conf_dir: Path | None = None) -> None:
     """Wrap Hydra's config loader so that its composition errors say "did you mean" (once);
     `conf_dir` (train.py's conf/) also finds a key in another choice of its group."""
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra.errors import ConfigCompositionException, MissingConfigException
-
     load = ConfigLoaderImpl.load_configuration
     if getattr(load, "suggests", False):
         return

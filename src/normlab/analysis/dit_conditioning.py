@@ -1,3 +1,4 @@
+# Over 400 lines: one paper's extraction, FID resampling, claims and figure
 """dit_conditioning: DiT (Peebles & Xie 2023) Table 4, the four conditioning mechanisms by FID.
 
 Grid `conditioning` (experiment=dit_conditioning): adaLN-Zero, adaLN, cross-attention and

@@ -1,3 +1,4 @@
+# Over 400 lines: one paper's extraction, LN-map measurement and tanh fits, claims, figure
 """dyt_vs_ln: Zhu, Chen, He, LeCun & Liu 2025, "Transformers without Normalization".
 
 Three grids, every arm over seeds and paired by seed (a seed sets the init of the weights the arms
@@ -111,10 +112,10 @@ def fit_maps(x: np.ndarray, y: np.ndarray) -> dict[str, float]:
 
 def _load_task(run_dir: Path, cfg) -> torch.nn.Module:
     """The job's task (cfg: its composed config) with its last checkpoint's weights."""
-    import torch
-    from hydra.utils import instantiate
+    import torch  # lazy: torch loads only where the LN maps are measured
+    from hydra.utils import instantiate  # lazy: only where the LN maps are measured
 
-    from normlab.config import import_plugins
+    from normlab.config import import_plugins  # lazy: only where the LN maps are measured
 
     import_plugins(cfg)
     task = instantiate(cfg.model)
@@ -126,7 +127,7 @@ def _load_task(run_dir: Path, cfg) -> torch.nn.Module:
 
 def _windows(cfg, task: torch.nn.Module) -> list[torch.Tensor]:
     """The job's first WINDOWS fixed validation batches (inputs only)."""
-    from hydra.utils import instantiate
+    from hydra.utils import instantiate  # lazy: only where the LN maps are measured
 
     data = instantiate(cfg.data)
     if getattr(data, "ctx", None) is None:
@@ -139,9 +140,9 @@ def ln_map(run_dir: Path) -> pd.DataFrame:
     """Per LayerNorm layer of the job's trained model, in depth order: the R^2 and fits of
     fit_maps over every (input, output before the affine) pair of the validation windows, and a
     sample of those pairs (kind 'point')."""
-    import torch  # here: reproduce.py's --list, --redraw and checks run without torch
+    import torch  # lazy: reproduce.py's --list, --redraw and checks run without torch
 
-    from normlab.norms.layernorm import LayerNorm
+    from normlab.norms.layernorm import LayerNorm  # lazy: torch, as above
 
     with torch.no_grad():
         cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")  # read once, for model and data

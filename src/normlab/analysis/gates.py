@@ -1,3 +1,4 @@
+# Over 400 lines: the validity gates and the decision that reads them: one rule set
 """Validity gates and the decision on a reproduction's claims, shared by every reproduction.
 
 Before a claim is read, its arms answer a reviewer's first questions, from runs.csv alone:

@@ -1,3 +1,4 @@
+# Over 400 lines: one paper's extraction, gradient and warmup claims and figure
 """ln_placement: Xiong et al. 2020, gradients of W2 at init by layer (Fig. 3) and warmup.
 
 Two grids. `init` (experiment=ln_placement_init, 10 seeds): each block's ||dL/dW2|| at init,

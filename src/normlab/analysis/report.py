@@ -1,3 +1,4 @@
+# Over 400 lines: the claim kinds and the evidence files (tables, runs.csv) they are written to
 """What a reproduction produces: a figure, the numbers behind it, and a claim-vs-ours table."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# Over 400 lines: the reproduce CLI: its options, their checks and each mode they select
 """Reproduce the papers' comparison plots from run logs.
 
     python scripts/reproduce.py NAME [--seeds N] [--quick] [--jobs N] [--threads N] [--root DIR]
@@ -740,7 +741,7 @@ def main(argv: list[str] | None = None) -> None:
     """`python scripts/reproduce.py ...` and `normlab-reproduce ...` (argv: sys.argv[1:])."""
     given = sys.argv[1:] if argv is None else argv
     if given[:1] == ["card"]:  # a norm's report card: normlab.analysis.report_card
-        from normlab.analysis import report_card
+        from normlab.analysis import report_card  # lazy: only `card` needs it; it imports this
 
         report_card.main(given[1:])
         return

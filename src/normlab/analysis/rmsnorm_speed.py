@@ -1,3 +1,4 @@
+# Over 400 lines: one paper's extraction, speed-share intervals, claims and figures
 """rmsnorm_speed: Zhang & Sennrich 2019, RMSNorm's training speed and quality against LayerNorm.
 
 Grids `speed` (experiment=rmsnorm_speed: the Pre-LN GPT at d_model 128 and 256) and

@@ -1,3 +1,4 @@
+# Over 400 lines: a reproduction's grids, from their yaml to the multiruns and the jobs found again
 """Running a reproduction's sweeps through `python train.py -m` and finding its jobs again.
 
 Each NAME, budget and grid has one fixed sweep dir (<root>/outputs/reproduce/NAME[-quick]/GRID):
@@ -498,6 +499,6 @@ def ensure_fid_lenet(repo: Path) -> None:
     """val/fid_lenet measures in the committed LeNet: check it against its pinned sha256 before
     the jobs start (an altered file fails here, once). Nothing is trained; jobs given
     callbacks.fid.features=cached train their LeNet on first use, once (normlab.fid_train)."""
-    from normlab import fid
+    from normlab import fid  # lazy: torch loads only in the reproductions that score FID
 
     fid.load_feature_extractor(fid.COMMITTED_FILE)

@@ -34,10 +34,13 @@ import argparse
 import csv
 import os
 import shlex
+import signal
 import sys
 from pathlib import Path
 
 from normlab import layout
+from normlab.compute import keep_heap
+from normlab.tables import markdown_table
 
 REPO = layout.root()  # the checkout (or the cwd): outputs/ goes below it
 OUT = REPO / "outputs" / "bench-local"  # ignored by git; outputs/bench/ holds the committed tables
@@ -53,7 +56,7 @@ def write_csv(rows: list[dict], path: Path) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from normlab.bench import norms, train
+    from normlab.bench import norms, train  # lazy: torch and Lightning, only for the parser
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("part", nargs="?", default="all", choices=["norms", "train", "all"])
@@ -86,16 +89,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import torch
+    import torch  # lazy: torch (seconds) only when a bench runs: `import normlab.bench` is light
 
-    from normlab.bench import eta, norms, train
-    from normlab.tables import markdown_table
+    from normlab.bench import eta, norms, train  # lazy: torch and Lightning, as above
 
     args = _parser().parse_args(argv)
     heap = "default"
     if args.keep_heap:
-        from normlab.compute import keep_heap
-
         heap = "kept (mallopt)" if keep_heap() else "default (not glibc: --keep-heap ignored)"
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
             rows = train.bench(args.rounds or train.ROUNDS, args.train_cases, progress.tick)
             report("train", train.TITLE, rows, train.COLUMNS, train.HEAP_NOTE)
     except BaseException as err:  # Ctrl+C (Lightning turns one inside fit into sys.exit(1))
-        from normlab.loggers import killed_by
+        from normlab.loggers import killed_by  # lazy: Lightning, only after a signal
 
         signum = killed_by(err)
         if not signum:
@@ -148,8 +148,6 @@ def interrupted(signum: int, part: str, saved: list[str], out: Path, given: list
     """Two lines for a bench ended by a signal: what it saved (each part's tables are written
     when the part ends), and the command that runs what is left (the parts not saved, with the
     same options)."""
-    import signal
-
     name = signal.Signals(signum).name
     if saved:
         wrote = "saved " + ", ".join(f"{out / p}.csv and {p}.md" for p in saved)

@@ -16,7 +16,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
 from normlab import layout
+from normlab.bench import norms, train
 from normlab.callbacks.progress import duration
 
 COMMITTED = layout.root() / "outputs" / "bench" / "train.csv"
@@ -39,10 +42,6 @@ def committed_seconds(path: Path = COMMITTED) -> dict[str, float]:
 
 def plan(part: str, rounds: int | None, names: list[str] | None) -> dict[str, float]:
     """The cases this bench will run, in order, with each one's planned seconds."""
-    import torch
-
-    from normlab.bench import norms, train
-
     cases: dict[str, float] = {}
     if part in ("norms", "all"):
         r = rounds or norms.ROUNDS

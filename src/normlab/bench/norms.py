@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from normlab.bench.timing import activation_bytes, interleaved, median_ms, ratio
+from normlab.norms import _fused_rms, create_norm
 
 CNN = (256, 16, 14, 14)
 SEQ = (64, 256, 512)
@@ -64,7 +65,7 @@ def compiled(make: Callable[[], nn.Module]) -> Callable[[], nn.Module]:
 
 
 def norm_cases() -> list[NormCase]:
-    from timm import layers as timm_layers
+    from timm import layers as timm_layers  # lazy: timm loads only for the norms cases
 
     c, d = CNN[1], SEQ[-1]
     return [
@@ -114,8 +115,6 @@ def norm_cases() -> list[NormCase]:
 
 
 def _norm_rows(case: NormCase, device: str, dtype: torch.dtype, rounds: int) -> list[dict]:
-    from normlab.norms import create_norm
-
     kwargs = dict(case.kwargs)
     channel_dim = kwargs.pop("channel_dim", None)
     features = case.shape[1] if case.shape == CNN else case.shape[-1]
@@ -185,8 +184,6 @@ def _rows(case: NormCase, device: str, dtype: torch.dtype, layers: dict[str, nn.
 
 def bench(rounds: int, tick: Callable[[str], None] | None = None) -> list[dict]:
     """A row per layer of every case, at every device and dtype; tick(case) as each ends."""
-    from normlab.norms import _fused_rms
-
     fused = _fused_rms.available()  # build the fused kernel before any timing
     print(f"fused RMSNorm kernel: {'on' if fused else 'OFF (pure-torch fast path)'}")
     settings = [("cpu", torch.float32)]

@@ -16,6 +16,7 @@ for the median; the paired step's is for every run: the rounds' ratios are in pe
 
 from __future__ import annotations
 
+import csv
 import json
 import random
 import statistics
@@ -28,8 +29,9 @@ from pathlib import Path
 
 import torch.nn.functional as F
 
-from normlab import layout
+from normlab import layout, run
 from normlab.bench.timing import PairedSteps, StepTimer, median_ms
+from normlab.config import compose as compose_config
 
 REPO = layout.root()
 Tick = Callable[[str], None] | None  # called with a case's name as it ends
@@ -97,16 +99,12 @@ WARM_UP = ["trainer.max_epochs=1", "trainer.limit_train_batches=1", "trainer.lim
 
 def compose(overrides: list[str], run_dir: Path):
     """The config `python train.py <overrides> hydra.run.dir=<run_dir>` would run."""
-    from normlab.config import compose as compose_config
-
     return compose_config(overrides, run_dir, layout.conf_dir())
 
 
 def run_normlab(overrides: list[str]) -> dict[str, float]:
     """normlab.run.build + fit of the composed config; seconds of the training steps and of
     build + fit."""
-    from normlab import run
-
     timer = StepTimer()
     with tempfile.TemporaryDirectory() as tmp:
         cfg = compose(overrides, Path(tmp))
@@ -128,8 +126,6 @@ class HandLoop:
     task's own optimizer and lr schedule), trained by a plain PyTorch loop."""
 
     def __init__(self, overrides: list[str], max_steps: int | None) -> None:
-        from normlab import run
-
         with tempfile.TemporaryDirectory() as tmp:
             cfg = compose(overrides, Path(tmp))
         _, datamodule, task = run.build_task(cfg)  # as a run: same init, same batch order
@@ -179,8 +175,6 @@ def run_hand(overrides: list[str], max_steps: int | None) -> dict[str, float]:
 def run_paired(overrides: list[str], max_steps: int | None) -> dict[str, float]:
     """A normlab run with a HandLoop twin stepped after each of its steps: the median over steps
     of normlab's step time / the twin's next step time (timing.PairedSteps)."""
-    from normlab import run
-
     pairs = PairedSteps(lambda: HandLoop(overrides, max_steps).step)
     with tempfile.TemporaryDirectory() as tmp:
         result = run.fit(run.build(compose(overrides, Path(tmp)), callbacks=[pairs]))
@@ -247,8 +241,6 @@ def _process(command: list[str]) -> tuple[float, str]:
 
 def _test_metrics(run_dir: Path) -> dict[str, float]:
     """The test/* values in a run's CSV log."""
-    import csv
-
     with open(run_dir / "csv" / "metrics.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     return {k: float(v) for r in rows for k, v in r.items() if k.startswith("test/") and v}

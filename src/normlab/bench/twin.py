@@ -22,8 +22,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from hydra.utils import instantiate
 
 from normlab import layout
+from normlab.config import compose
 from normlab.data.tensor_loader import TensorLoader
 
 REPO = layout.root()
@@ -103,10 +105,6 @@ def evaluate(net: torch.nn.Module, loader: TensorLoader, batches: int) -> tuple[
 
 
 def main(argv: list[str]) -> dict[str, float]:
-    from hydra.utils import instantiate
-
-    from normlab.config import compose
-
     with tempfile.TemporaryDirectory() as tmp:
         cfg = compose(argv, tmp, layout.conf_dir())
     if not str(cfg.data._target_).endswith("FashionMNISTDataModule"):

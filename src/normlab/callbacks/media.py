@@ -7,6 +7,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import numpy as np
 from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger, WandbLogger
+from PIL import Image
 
 
 def run_dir(trainer: pl.Trainer) -> Path:
@@ -34,8 +35,6 @@ def log_text(trainer: pl.Trainer, key: str, text: str) -> Path:
 
 def log_image(trainer: pl.Trainer, key: str, image: np.ndarray, name: str) -> Path:
     """Save an (H, W) or (H, W, 3) uint8 image as <run dir>/<name>.png and send it to trackers."""
-    from PIL import Image
-
     step = trainer.global_step
     path = run_dir(trainer) / f"{name}.png"
     if trainer.is_global_zero:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import lightning.pytorch as pl
 import numpy as np
 import torch
+from PIL import Image, ImageDraw, ImageFont
 from torchvision.utils import make_grid
 
 from normlab.callbacks.media import log_image
@@ -23,8 +24,6 @@ def image_grid(pixels: torch.Tensor, per_row: int) -> np.ndarray:
 def label_rows(grid: np.ndarray, labels: list[str], padding: int = 2) -> np.ndarray:
     """The grid with a white margin on its left holding each row's label, centred on the row
     (rows of equal height, `padding` pixels above each and below the last)."""
-    from PIL import Image, ImageDraw, ImageFont
-
     font = ImageFont.load_default()
     width = max(int(font.getlength(text)) for text in labels) + 2 * padding + 2
     mode = "L" if grid.ndim == 2 else "RGB"

@@ -1,3 +1,4 @@
+# Over 400 lines: the DiT, its 4 conditioning blocks, their embedders and the official-key map
 """Diffusion Transformer (DiT, Peebles & Xie 2023) with the paper's four ways to condition.
 
     x (B, C, H, W) -> patches (B, N, D) + fixed 2D sin-cos positions -> blocks -> final layer

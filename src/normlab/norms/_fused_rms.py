@@ -69,7 +69,7 @@ def _build() -> bool:
         level = cpp_log.level
         cpp_log.setLevel(logging.ERROR)  # its import warns about CUDA, which is not used here
         try:
-            from torch.utils.cpp_extension import load
+            from torch.utils.cpp_extension import load  # lazy: only to build; it warns of CUDA
         finally:
             cpp_log.setLevel(level)
 

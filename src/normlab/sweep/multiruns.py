@@ -24,6 +24,7 @@ from pathlib import Path
 from hydra.core.global_hydra import GlobalHydra
 
 from normlab.sweep.callbacks import EXIT_JOBS_FAILED
+from normlab.train import main as train_main
 
 TRAIN = "train.py"
 
@@ -58,8 +59,6 @@ def run(args: list[str]) -> int:
         if checkout:
             runpy.run_path(TRAIN, run_name="__main__")
         else:
-            from normlab.train import main as train_main
-
             train_main()
         return 0
     except SystemExit as exit:
