@@ -13,15 +13,6 @@ MAX_MODULE_LINES = 400
 REASON = "# Over 400 lines: "  # a long module's first line (after a shebang), then its reason
 LAZY = "# lazy: "  # on an import below module level (or the line above it), then why
 
-# Function-level imports of modules another change owns (the report card's); each is to be
-# marked there. test_the_known_unmarked_imports_are_still_unmarked keeps this list shrinking.
-KNOWN_UNMARKED = {
-    ("src/normlab/analysis/card.py", "import matplotlib.pyplot as plt"),
-    ("src/normlab/analysis/report_card.py",
-     "from normlab.norms import available_norms, norm_class"),
-    ("src/normlab/analysis/report_card.py", "from normlab.analysis import reproduce"),
-    ("src/normlab/analysis/report_card.py", "from normlab.identity import code_version"),
-}
 
 
 def python_files(root: Path = REPO) -> list[Path]:
@@ -135,13 +126,7 @@ def test_the_check_finds_a_long_module_without_its_reason(tmp_path: Path):
 
 
 def test_every_import_below_module_level_is_marked_lazy_with_why():
-    found = [f for f in unmarked_lazy_imports() if f[::2] not in KNOWN_UNMARKED]
-    assert found == []
-
-
-def test_the_known_unmarked_imports_are_still_unmarked():
-    # once the owner marks one, it leaves KNOWN_UNMARKED (the list only shrinks)
-    assert KNOWN_UNMARKED <= {f[::2] for f in unmarked_lazy_imports()}
+    assert unmarked_lazy_imports() == []
 
 
 def test_the_check_finds_an_unmarked_import_below_module_level(tmp_path: Path):

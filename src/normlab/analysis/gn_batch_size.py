@@ -1,4 +1,3 @@
-# Over 400 lines: one paper's extraction, pilot budget, claims, figure and notes
 """gn_batch_size: GroupNorm paper Fig. 1 / Tables 1-2, test error against images per device.
 
 The paper's design on one machine: 8 virtual devices of b images, SGD on the 8b images with the
