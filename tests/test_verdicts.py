@@ -494,8 +494,11 @@ def test_a_declarations_yaml_alias_reuses_an_override_list_alone_or_extended(tmp
 def test_an_arms_name_interpolates_the_keys_its_grid_sweeps(compose, tmp_path):
     repro = sweep.declared()["ln_placement"]
     warmup = next(g for g in repro.grids if g.name == "warmup")
-    cfg = compose([f"experiment={warmup.experiment}", *warmup.overrides, "placement=post",
-                   "optim.optimizer.lr=0.002", "optim.warmup_steps=0"], tmp_path)  # fmt: skip
+    one = {"placement": "post", "optim.optimizer.lr": "0.002", "optim.warmup_steps": "0"}
+    fixed = [o for o in warmup.overrides if o.split("=")[0] not in one]  # one job of the sweep
+    assert len(fixed) == len(warmup.overrides) - len(one)  # the grid sweeps these three keys
+    cfg = compose([f"experiment={warmup.experiment}", *fixed,
+                   *(f"{k}={v}" for k, v in one.items())], tmp_path)  # fmt: skip
     assert cfg.arm == "post/lr0.002/w0"
 
 
