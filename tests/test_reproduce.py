@@ -848,8 +848,8 @@ def test_ctrl_c_stops_cleanly_and_the_next_invocation_continues(tmp_path: Path):
     assert "Traceback" not in err, err
     assert err.count("continue with:") == 1, err  # the job's own line is left to this one
     assert err.strip().splitlines()[-1] == (
-        f"continue with: python scripts/reproduce.py ln_rnn --quick --root {tmp_path}"
-    )
+        f"continue with: python {SCRIPT[1]} ln_rnn --quick --root {tmp_path}"
+    )  # the program as it was started (layout.program): here by its absolute path
     again = reproduce("ln_rnn", "--quick", root=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "skipping finished job" in again.stderr + again.stdout
