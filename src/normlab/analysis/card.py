@@ -290,8 +290,10 @@ def leaderboard(cards: dict[str, pd.DataFrame]) -> str:
     """The built-in norms' cards as one table: norms as rows, slot quantities as columns, each
     cell the norm's mean and its verdict against the slot's reference norm (its first baseline;
     the full list of verdicts is in each card), '-' where the norm did not run there."""
-    columns = list(dict.fromkeys(f"{r.reproduction}: {r.quantity}" for c in cards.values()
-                                 for r in c.itertuples() if r.quantity))  # fmt: skip
+    # a column per slot quantity: two slots of one reproduction (bn_lenet's MLP and LeNet) may
+    # read the same quantity
+    columns = list(dict.fromkeys(f"{r.reproduction}, {r.slot}: {r.quantity}"
+                                 for c in cards.values() for r in c.itertuples() if r.quantity))
     body = []
     for norm, c in cards.items():
         cells = {}
@@ -300,7 +302,7 @@ def leaderboard(cards: dict[str, pd.DataFrame]) -> str:
                 continue
             # the first verdict, without the seeds its plan asks for (the card itself says them)
             first = re.sub(r" \(~\d+ seeds[^)]*\)", "", str(r.verdicts).split("; ")[0])
-            cells[f"{r.reproduction}: {r.quantity}"] = (
+            cells[f"{r.reproduction}, {r.slot}: {r.quantity}"] = (
                 f"{r.norm.split(' [')[0].split(' (n=')[0]} ({first})" if first else r.norm)
         body.append((norm, *(cells.get(k, "-") for k in columns)))
     return markdown_table(["norm", *columns], body)
