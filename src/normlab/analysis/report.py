@@ -228,10 +228,13 @@ def decided_row(claim, decision: gates.Decision) -> dict[str, object]:
     row.update(verdict=decision.verdict, gates=decision.gates, planned_seeds=decision.planned_n,
                arms=" ".join(claim_arms(claim)), p_value=decision.p_value,
                verdict_holm=decision.holm)  # fmt: skip
-    order = ["claim", "provenance", "paper_number", "ours_mean", "ci_low", "ci_high", "n_seeds",
-             "planned_seeds", "arms", "gates", "verdict", "p_value", "verdict_holm",
-             "rule"]  # fmt: skip
-    return {k: row[k] for k in order}
+    return {k: row[k] for k in CLAIMS_COLUMNS}
+
+
+# NAME.claims.csv's columns, written even where a run decides no claim (a card slot's evidence)
+CLAIMS_COLUMNS = ["claim", "provenance", "paper_number", "ours_mean", "ci_low", "ci_high",
+                  "n_seeds", "planned_seeds", "arms", "gates", "verdict", "p_value",
+                  "verdict_holm", "rule"]  # fmt: skip
 
 
 @dataclass
@@ -527,7 +530,8 @@ def write_evidence(
         footer(result.gates, result.claims, decisions))
     text = _figure_and_header(result, paths, name, title, command, budget, under)
     claims = pd.DataFrame(
-        [decided_row(c, d) for c, d in zip(result.claims, decisions, strict=True)]
+        [decided_row(c, d) for c, d in zip(result.claims, decisions, strict=True)],
+        columns=CLAIMS_COLUMNS,
     )
     claims.to_csv(paths["claims"], index=False, float_format=FLOAT)
     times = jobs["wall_time_s"].dropna()
