@@ -81,9 +81,14 @@ def test_every_warning_of_a_default_run_says_what_to_do(tmp_path, multirun):
     assert all("trainer.log_every_n_steps=N" in line for line in warned)
 
 
+def _advised() -> tuple[list[str], object]:
+    """A showwarning that records each message, wrapped by console.advised."""
+    said: list[str] = []
+    return said, console.advised(lambda message, *rest: said.append(message))
+
+
 def test_advice_is_appended_once_to_the_warnings_it_names():
-    said = []
-    show = console.advised(lambda message, *rest: said.append(message))
+    said, show = _advised()
     text = (
         "The number of training batches (5) is smaller than the logging interval "
         "Trainer(log_every_n_steps=50)."
@@ -99,8 +104,7 @@ def test_advice_is_appended_once_to_the_warnings_it_names():
 def test_a_run_started_anew_in_its_dir_says_what_to_do_about_its_old_logs():
     """Lightning's CSV logger on a dir an interrupted attempt left (a continue line printed
     before the first checkpoint: ckpt_path=last_or_new) says what happens and what to do."""
-    said = []
-    show = console.advised(lambda message, *rest: said.append(message))
+    said, show = _advised()
     text = (
         "Experiment logs directory /r/csv/ exists and is not empty. Previous log files in this "
         "directory will be deleted when the new ones are saved!"

@@ -26,7 +26,7 @@ from normlab.analysis import gates, stats
 from normlab.analysis.bn_lenet import SMOOTH, auc, smooth, steps_to
 from normlab.analysis.curves import metric
 from normlab.analysis.report import Claim, verdict_kind
-from normlab.analysis.sweep import norm_arm
+from normlab.analysis.sweep import Reproduction, norm_arm
 from normlab.tables import markdown_table
 
 VERDICTS = {stats.HOLDS: "better", stats.FAILS: "worse", gates.ABSENT: "equivalent"}
@@ -152,7 +152,8 @@ def slots(conf: Path) -> list[Slot]:
                               tuple(s["baselines"]), tuple(s["quantities"]), s["delta_why"],
                               tuple(map(str, s.get("overrides", ()))), dict(s.get("needs", {})),
                               s.get("needs_why", ""), s.get("norm_arm", ""),
-                              seeds.get("initial", 3), seeds.get("cap", 12)))  # fmt: skip
+                              seeds.get("initial", Reproduction.initial_seeds),
+                              seeds.get("cap", Reproduction.seed_cap)))  # fmt: skip
     return found
 
 
