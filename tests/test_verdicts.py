@@ -234,6 +234,69 @@ def test_the_sequential_design_keeps_false_holds_at_or_below_5_percent():
         seq.BOUNDARY = old
 
 
+def test_a_raised_cap_adds_a_fourth_look_whose_rate_is_simulated_and_shown():
+    """A grid's `cap:` (dyt_vs_ln's dit_long: 15): null claims still undecided at the cap of 12
+    are looked at once more. The whole procedure's false 'holds' stay at or below 5%, the looks
+    before it are the design's own (the same draws), and docs/reproductions.md shows the table."""
+    base, _, _ = sequential.simulate(10_000, 3, 12)
+    more, _, _ = sequential.simulate(10_000, 3, 12, raised=15)
+    assert more.per_look[:3] == base.per_look and more.per_look[3] > 0  # the fourth look decides
+    assert base.overall < more.overall <= 0.05 and more.mean_seeds > base.mean_seeds
+    assert sequential.table(raised=15) in (REPO / "docs" / "reproductions.md").read_text()
+    caps = sequential.Caps(12, (sequential.Raise("long", frozenset({"long/a", "long/b"}), 15,
+                                                 "why"),))  # fmt: skip
+    assert caps.of(("long/a", "short/a")) == 15 and caps.of(("short/a",)) == 12
+    near = claim([0.05, 0.3, -0.1], arms=("long/a",))  # undecided, plans past both caps
+    far = claim([0.05, 0.3, -0.1], arms=("short/a",))
+    words = [d.verdict for d in gates.decide([near, far], [], 3, caps)]
+    assert words[0].endswith("(cap 15)") and words[1].endswith("(cap 12)")
+    assert f"is {more.overall:.4f}." in caps.text()
+    assert "The long grid's cap is raised to 15 after its look at 12 (why)" in caps.text()
+
+
+@pytest.mark.parametrize("change, problem", [
+    ({"cap_why": None}, "a raised cap needs its reason (cap_why)"),
+    ({"cap": 12}, "12 does not raise the reproduction's cap 12"),
+    ({"arms": {"dit_long/lr${optim.optimizer.lr}": ["norm=layernorm"]}},
+     "only a grid of fixed arm names can raise its cap"),
+])  # fmt: skip
+def test_a_bad_raised_cap_fails_in_one_line(tmp_path, change, problem):
+    import yaml
+
+    path = REPO / "conf" / "reproduce" / "dyt_vs_ln.yaml"
+    spec = yaml.safe_load(path.read_text())
+    grid = spec["grids"]["dit_long"]
+    grid.update({k: v for k, v in change.items() if v is not None})
+    grid.pop("cap_why") if change.get("cap_why", 1) is None else None
+    spec.pop("claims", None)  # the claims entries check their arms against the grids
+    bad = tmp_path / "dyt_vs_ln.yaml"
+    bad.write_text(yaml.safe_dump(spec))
+    with pytest.raises(ValueError) as raised:
+        sweep.load(bad)
+    assert str(raised.value) == f"dyt_vs_ln.yaml: grids.dit_long.cap: {problem}"
+
+
+def test_decide_takes_a_raised_grid_on_to_its_cap_after_the_look_at_the_reproductions(
+        tmp_path, monkeypatch):  # fmt: skip
+    """--decide: the dit_long claim still undecided at the cap of 12 runs on to its grid's 15
+    (only the missing seeds), and no other grid goes past 12."""
+    script = _script()
+    figures = tmp_path / "outputs" / "figures"
+    (figures / "dyt_vs_ln").mkdir(parents=True)
+    arms = "dit_long/dyt_patch dit_long/layernorm"
+    frame = pd.DataFrame([("undecided (within noise)", 18.0, arms)],
+                         columns=["verdict", "planned_seeds", "arms"])  # fmt: skip
+    frame.to_csv(figures / "dyt_vs_ln.claims.csv", index=False)
+    rows = [(a, s, "ok") for a in ("dit_long/dyt_patch", "dit_long/layernorm") for s in range(12)]
+    pd.DataFrame(rows, columns=["arm", "seed", "status"]).to_csv(
+        figures / "dyt_vs_ln" / "jobs.csv", index=False)  # fmt: skip
+    calls = []
+    monkeypatch.setattr(script, "reproduce",
+                        lambda *a, **k: calls.append((a[4], a[5], k["subset"])))  # fmt: skip
+    script.decide("dyt_vs_ln", False, 1, tmp_path, ["dit_long"])
+    assert calls == [(15, ["dit_long"], [("seed", ["12", "13", "14"])])]
+
+
 def _decaying(arm: str, seed: int, loss: list[float], last: float | None = None) -> list[tuple]:
     """A job on a cosine schedule (gate/lr_decays 1): its held-out loss at steps 0..n-1."""
     steps = np.linspace(0.0, last or 100.0, len(loss))

@@ -486,7 +486,7 @@ def _budget(claim, found: list[Gate]) -> str:
         return ""
     ends = {g.arm: {s: (a, b) for s, a, b in g.ends} for g in found
             if g.gate == "converged" and g.ends}  # fmt: skip
-    arms = [a for a in _claim_arms(claim) if a in ends]
+    arms = [a for a in claim_arms(claim) if a in ends]
     for other in arms[1:]:
         seeds = sorted(set(ends[arms[0]]) & set(ends[other]))
         if len(seeds) < MIN_SEEDS:
@@ -500,9 +500,11 @@ def _budget(claim, found: list[Gate]) -> str:
     return ""
 
 
-def _claim_arms(claim) -> list[str]:
+def claim_arms(claim) -> tuple[str, ...]:
+    """The arms a claim reads (an AnyClaim: its own and every part's), in order: the grids that
+    run them are the ones its planned seeds extend (`reproduce.py NAME --decide`)."""
     parts = getattr(claim, "parts", {}).values()
-    return list(dict.fromkeys([*claim.arms, *(a for part in parts for a in part.arms)]))
+    return tuple(dict.fromkeys([*claim.arms, *(a for part in parts for a in part.arms)]))
 
 
 def _sign(values: list[float]) -> int:
@@ -512,11 +514,14 @@ def _sign(values: list[float]) -> int:
     return 1 if sum(values) > 0 else -1
 
 
-def decide(claims: list, found: list[Gate], initial: int, cap: int) -> list[Decision]:
+def decide(claims: list, found: list[Gate], initial: int,
+           cap: int | sequential.Caps) -> list[Decision]:  # fmt: skip
     """Per claim: its verdict after the gates and the budget test, decided at the sequential
     boundary (normlab.analysis.sequential); the seeds its interval needs, planned from its first
-    `initial` values (seeds in order) and capped at `cap`; the verdict under Holm's correction at
-    the boundary over the claims that passed their gates."""
+    `initial` values (seeds in order) and capped at `cap` (or at the raised cap of a grid whose
+    arms it reads); the verdict under Holm's correction at the boundary over the claims that
+    passed their gates."""
+    caps = sequential.Caps.given(cap)
     read = [_valid_parts(c, found) if hasattr(c, "parts") else (c, _failed(c, found))
             for c in claims]  # fmt: skip
     budget = [_budget(c, found) if not f else "" for c, f in read]
@@ -524,7 +529,7 @@ def decide(claims: list, found: list[Gate], initial: int, cap: int) -> list[Deci
                for (c, f), b in zip(read, budget, strict=True)]  # fmt: skip
     ps = [p for _, p in decided]
     rejected = stats.holm(ps, alpha=sequential.BOUNDARY)
-    return [_decision(c, f, b, v, p, rej, initial, cap, found)
+    return [_decision(c, f, b, v, p, rej, initial, caps.of(claim_arms(c)), found)
             for (c, f), b, (v, p), rej in zip(read, budget, decided, rejected, strict=True)]
 
 

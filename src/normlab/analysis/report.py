@@ -214,11 +214,7 @@ def _row(claim: Claim | IntervalClaim | AnyClaim | CountClaim) -> dict[str, obje
     }
 
 
-def claim_arms(claim) -> tuple[str, ...]:
-    """The arms a claim reads (an AnyClaim: its own and every part's), in order: the grids that
-    run them are the ones its planned seeds extend (`reproduce.py NAME --decide`)."""
-    parts = getattr(claim, "parts", {}).values()
-    return tuple(dict.fromkeys([*claim.arms, *(a for part in parts for a in part.arms)]))
+claim_arms = gates.claim_arms  # the arms a claim reads (its callers here, and claims.csv's)
 
 
 def decided_row(claim, decision: gates.Decision) -> dict[str, object]:
@@ -438,9 +434,11 @@ def gates_table(found: list[gates.Gate]) -> str:
     return "\n".join(lines)
 
 
-def claims_table(claims: list, decisions: list[gates.Decision], initial: int, cap: int) -> str:
+def claims_table(claims: list, decisions: list[gates.Decision], initial: int,
+                 cap: int | sequential.Caps) -> str:  # fmt: skip
     """The claims as a markdown table (provenance, mean and 95% CI over seeds, seeds run and
     planned, verdict, verdict under Holm), their rules and how their intervals were computed."""
+    cap = sequential.Caps.given(cap)
     precluded = sum(bool(getattr(c, "precluded", "")) for c in claims)
     tested = sum(d.tested for d in decisions)
     others = "invalid by their gates" + (" or precluded (its verdict says why)"
@@ -459,8 +457,8 @@ def claims_table(claims: list, decisions: list[gates.Decision], initial: int, ca
         "(two-sided p of each verdict's test, `normlab.analysis.stats.p_value`).  ",
         f"Design: {sequential.DESIGN}. Seeds: {initial} first; `planned` is the n whose interval "
         f"at the boundary's level would clear the nearest bound at the first {initial} seeds' "
-        f"mean and SD (`stats.seeds_needed`), run up to a cap of {cap} "
-        "(`reproduce.py NAME --decide`).  ",
+        f"mean and SD (`stats.seeds_needed`), run up to a cap of {cap.cap} "
+        f"(`reproduce.py NAME --decide`).{cap.text()}  ",
         "Verdicts beside holds / does not hold: `absent at this scale (within ±δ)`, an "
         "equivalence by two one-sided tests in a band fixed before the effect was seen (its "
         "rule says which); `budget-dependent: <arms>`, a final-value comparison one more "
@@ -516,7 +514,8 @@ SMOKE = "smoke: not evidence"
 
 def write_evidence(
     result: Result, out_dir: Path, name: str, title: str, command: str, budget: str,
-    jobs: pd.DataFrame, initial: int = 3, cap: int = 12, redraw: str = "", smoke: bool = False,
+    jobs: pd.DataFrame, initial: int = 3, cap: int | sequential.Caps = 12, redraw: str = "",
+    smoke: bool = False,
 ) -> dict[str, Path]:  # fmt: skip
     """Write NAME.png, .svg, .md and .claims.csv from an analysed runs.csv (no run logs read).
     `redraw` is the command that redraws it (default `reproduce.py NAME --redraw`); a `smoke`

@@ -54,7 +54,7 @@ from pathlib import Path
 import pandas as pd
 
 from normlab import layout
-from normlab.analysis import gates, report, sweep
+from normlab.analysis import gates, report, sequential, sweep
 from normlab.analysis.logs import parse_overrides, same_value
 from normlab.analysis.readme import update_readme
 from normlab.analysis.reproductions import REPRODUCTIONS
@@ -75,6 +75,15 @@ def seed_cap(quick: bool, name: str) -> int:
     """The most seeds --decide runs for a claim: the reproduction's declared cap (QUICK_CAP
     under --quick)."""
     return QUICK_CAP if quick else REPRODUCTIONS[name].seed_cap
+
+
+def seed_caps(quick: bool, name: str) -> sequential.Caps:
+    """seed_cap, with the grids whose `cap:` raises it for the claims on their arms."""
+    grids = REPRODUCTIONS[name].grids
+    raised = {g.name: sequential.Raise(g.name, frozenset(a.arm for a in grids if a.name == g.name),
+                                       g.cap, g.cap_why)
+              for g in grids if g.cap and not quick}  # fmt: skip
+    return sequential.Caps(seed_cap(quick, name), tuple(raised.values()))
 
 
 def _hours(seconds: float) -> str:
@@ -337,7 +346,7 @@ def redraw(name: str, quick: bool, root: Path, norm: str | None = None) -> dict[
     return report.write_evidence(
         result, out, evidence, title,
         command_text(name, quick, seeds, norm, plugin, seeds_decided(repro, jobs)),
-        repro.budget(quick).text, jobs, default_seeds(quick, name), seed_cap(quick, name),
+        repro.budget(quick).text, jobs, default_seeds(quick, name), seed_caps(quick, name),
         redraw_text(name, quick, norm, plugin), smoke=quick,
     )  # fmt: skip
 
@@ -612,6 +621,11 @@ def decide(name: str, quick: bool, jobs: int, root: Path, grids: list[str] | Non
     # the design's third look (normlab.analysis.sequential): still undecided at the plan, the cap
     last = {g: cap for g in seeds_to_decide(paths["claims"], cap, chosen) if plan.get(g, 0) < cap}
     run_missing(last, "claims on grids {grids} still undecided at their plan: the cap, {n} seeds")
+    # a grid's `cap:` raised past the cap: a fourth look (its rate simulated in the md)
+    raised = {g.name: g.cap for g in chosen if g.cap and not quick}
+    more = {g: raised[g] for g in seeds_to_decide(paths["claims"], cap, chosen) if g in raised}
+    run_missing(more, "claims on grids {grids} still undecided at the cap: their raised cap, "
+                "{n} seeds")  # fmt: skip
     return paths["md"]
 
 

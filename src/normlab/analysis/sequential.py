@@ -66,13 +66,18 @@ class Simulated:
 
 
 def simulate(claims: int = 10_000, initial: int = 3, cap: int = 12, seed: int = 0,
-             sd: float = 1.0) -> tuple[Simulated, np.ndarray, np.ndarray]:  # fmt: skip
+             sd: float = 1.0, raised: int | None = None,
+             ) -> tuple[Simulated, np.ndarray, np.ndarray]:  # fmt: skip
     """Run `claims` null claims ("the effect lies above 0", true mean exactly 0, normal seeds)
     through the procedure: look at `initial` seeds; if undecided, at the plan; if still
-    undecided and below the cap, at the cap. Returns the rates, and each claim's final p-value
-    and whether it was declared to hold (for the family-wise simulation)."""
+    undecided and below the cap, at the cap; with `raised`, a cap raised after that look (a
+    grid's `cap:`), once more at it. Returns the rates, and each claim's final p-value and
+    whether it was declared to hold (for the family-wise simulation)."""
     rng = np.random.default_rng(seed)
     x = rng.normal(0.0, sd, size=(claims, cap))
+    if raised:  # drawn after the cap's seeds: the design without the raise sees the same ones
+        x = np.hstack([x, rng.normal(0.0, sd, size=(claims, raised - cap))])
+    looks = LOOKS + bool(raised)
     bound = 0.0
     n = np.full(claims, initial)
     decided = np.zeros(claims, bool)
@@ -81,7 +86,7 @@ def simulate(claims: int = 10_000, initial: int = 3, cap: int = 12, seed: int = 
     per_look = []
     stops = n.copy()
     mean, t = _look(x, n, bound)
-    for look in range(LOOKS):
+    for look in range(looks):
         crit = _t_half(n)
         now = ~decided & (np.abs(t) > crit)
         per_look.append(float((now & (t > 0)).mean()))
@@ -94,25 +99,27 @@ def simulate(claims: int = 10_000, initial: int = 3, cap: int = 12, seed: int = 
                                      1e-300))  # fmt: skip
             nxt = _plan(mean, sd1, bound, initial, cap)
         else:
-            nxt = np.full(claims, cap)
+            nxt = np.full(claims, raised if raised and look >= 2 else cap)  # the cap, then raised
         move = ~decided & (nxt > n)
         if not move.any():
+            if look < looks - 2:  # a raised cap's look may still come (a re-look changes none)
+                continue
             break
         n = np.where(move, nxt, n)
         stops = np.where(~decided, n, stops)
         mean, t = _look(x, n, bound)
     df = stops - 1
     p = 2.0 * scipy_stats.t.sf(np.abs(t_final), df)
-    result = Simulated(claims, tuple(per_look) + (0.0,) * (LOOKS - len(per_look)),
+    result = Simulated(claims, tuple(per_look) + (0.0,) * (looks - len(per_look)),
                        float(holds.mean()), float(stops.mean()))  # fmt: skip
     return result, p, holds
 
 
 def holm_family(families: int = 2_000, size: int = 16, initial: int = 3, cap: int = 12,
-                seed: int = 1) -> float:  # fmt: skip
+                seed: int = 1, raised: int | None = None) -> float:  # fmt: skip
     """The family-wise rate of at least one false 'holds' among `size` null claims, each run
     through the sequential procedure, decided under Holm's correction at the boundary."""
-    _, p, holds = simulate(families * size, initial, cap, seed)
+    _, p, holds = simulate(families * size, initial, cap, seed, raised=raised)
     p, holds = p.reshape(families, size), holds.reshape(families, size)
     order = np.sort(p, axis=1)
     steps = BOUNDARY / (size - np.arange(size))
@@ -122,15 +129,54 @@ def holm_family(families: int = 2_000, size: int = 16, initial: int = 3, cap: in
     return float(rejected.any(1).mean())
 
 
-def table(claims: int = 10_000, initial: int = 3, cap: int = 12) -> str:
-    """The simulation's table, as docs/reproductions.md shows it."""
-    sim, _, _ = simulate(claims, initial, cap)
-    fam = holm_family(initial=initial, cap=cap)
+@dataclass(frozen=True)
+class Raise:
+    """A grid's `cap:` in conf/reproduce/NAME.yaml: its claims' cap raised past the
+    reproduction's after their look at it, with the reason (a fourth look, simulated)."""
+
+    grid: str
+    arms: frozenset[str]  # the grid's arms (fixed names: a raise names what it extends)
+    cap: int
+    why: str
+
+
+@dataclass(frozen=True)
+class Caps:
+    """The most seeds a claim runs to: the reproduction's cap, or the raised cap of a grid whose
+    arms it reads."""
+
+    cap: int
+    raised: tuple[Raise, ...] = ()
+
+    @staticmethod
+    def given(cap: int | Caps) -> Caps:
+        """A Caps from a cap number (every claim's), or the Caps given."""
+        return cap if isinstance(cap, Caps) else Caps(cap)
+
+    def of(self, arms: list[str] | tuple[str, ...]) -> int:
+        return max([self.cap, *(r.cap for r in self.raised if r.arms & set(arms))])
+
+    def text(self) -> str:
+        """The md's sentence on the raises ("" without one): each with its simulated rate."""
+        return "".join(
+            f" The {r.grid} grid's cap is raised to {r.cap} after its look at {self.cap} "
+            f"({r.why}): a fourth look at the same boundary, whose simulated false 'holds' rate "
+            f"over the whole procedure is {simulate(cap=self.cap, raised=r.cap)[0].overall:.4f}."
+            for r in self.raised
+        )
+
+
+def table(claims: int = 10_000, initial: int = 3, cap: int = 12, raised: int | None = None) -> str:
+    """The simulation's table, as docs/reproductions.md shows it (`raised`: with a grid's cap
+    raised after the look at `cap`)."""
+    sim, _, _ = simulate(claims, initial, cap, raised=raised)
+    fam = holm_family(initial=initial, cap=cap, raised=raised)
     rows = [f"| look {k + 1} | {r:.4f} |" for k, r in enumerate(sim.per_look)]
+    after = f", raised to {raised} after the look at {cap}" if raised else ""
     return "\n".join(
         [
             f"Null claims: {sim.claims} (true effect on the bound), seeds {initial} first, "
-            f"cap {cap}; boundary p < {BOUNDARY:.4f} at every look; mean seeds run "
+            f"cap {cap}{after}; boundary p < {BOUNDARY:.4f} at every look; mean seeds run "
             f"{sim.mean_seeds:.2f}.",
             "",
             "| false 'holds' | rate |",
@@ -144,6 +190,7 @@ def table(claims: int = 10_000, initial: int = 3, cap: int = 12) -> str:
 
 if __name__ == "__main__":
     print(table())
+    print(f"\n{table(raised=15)}")  # dyt_vs_ln's dit_long grid (its `cap:`)
     print(
         f"\nnominal per-look level: {BOUNDARY:.4f}; one-sided: {BOUNDARY / 2:.4f}; "
         f"z {POCOCK_C} (math check: {2 * (1 - 0.5 * (1 + math.erf(POCOCK_C / 2**0.5))):.4f})"

@@ -54,6 +54,8 @@ class Grid:
     seeds: int | None = None  # its own seed count under the full budget, whatever --seeds says
     arm: str = ""  # the arm its jobs run as (`arm=` in overrides; may interpolate swept keys)
     only_seeds: tuple[int, ...] = ()  # run only these of its seeds (--subset seed=..); all if ()
+    cap: int | None = None  # its claims' seed cap, raised past the reproduction's, and why
+    cap_why: str = ""
 
     def seed_count(self, seeds: int | None, quick: bool) -> int | None:
         """How many seeds the grid runs: its own count under the full budget, else --seeds'
@@ -275,7 +277,9 @@ def load(path: Path) -> Reproduction:
     grids = []
     for name, g in spec["grids"].items():
         base = Grid(name if name != "main" else "", g["experiment"], _flat(g.get("overrides")),
-                    _flat(g.get("quick")), g.get("seeds"))  # fmt: skip
+                    _flat(g.get("quick")), g.get("seeds"), cap=g.get("cap"),
+                    cap_why=g.get("cap_why", ""))  # fmt: skip
+        _check_cap(path, name, base, g, spec.get("seeds", {}).get("cap", 12))
         grids += [arm_grid(base, arm, _flat(o)) for arm, o in g["arms"].items()]
     budgets = {k: Budget(_flat(b.get("overrides")), b["text"])
                for k, b in spec["budgets"].items()}  # fmt: skip
@@ -297,6 +301,20 @@ def load(path: Path) -> Reproduction:
         seed_cap=spec.get("seeds", {}).get("cap", 12),
         **hooks,
     )
+
+
+def _check_cap(path: Path, name: str, grid: Grid, g: dict, cap: int) -> None:
+    """A grid's `cap:` raises its claims' cap past the reproduction's (a fourth look, simulated
+    in the md): it names its reason and fixed arms (the claims it extends), or fails here."""
+    if grid.cap is None:
+        return
+    where = f"{path.name}: grids.{name}.cap"
+    if not grid.cap_why:
+        raise ValueError(f"{where}: a raised cap needs its reason (cap_why)")
+    if grid.cap <= cap:
+        raise ValueError(f"{where}: {grid.cap} does not raise the reproduction's cap {cap}")
+    if any("$" in arm for arm in g["arms"]):
+        raise ValueError(f"{where}: only a grid of fixed arm names can raise its cap")
 
 
 def declared(conf: Path = DECLARED) -> dict[str, Reproduction]:
