@@ -163,3 +163,10 @@ def test_from_data_the_analysis_does_not_give_fails_naming_the_file_and_entry(tm
         claims.build("toy", _quantities(), {}, conf=tmp_path)
     assert str(raised.value) == (f"{path}: claims[0] ('a at {{x}}'): each x: from_data, but the "
                                  "analysis gives no list of its values")  # fmt: skip
+
+
+def test_precluded_takes_the_analysis_words(tmp_path):
+    _spec(tmp_path, [_entry(claim="read", precluded="{apart}")])
+    (kept,) = claims.build("toy", _quantities(), {"apart": ""}, conf=tmp_path)
+    (apart,) = claims.build("toy", _quantities(), {"apart": "not comparable: x"}, conf=tmp_path)
+    assert kept.precluded == "" and apart.verdict == "not comparable: x"

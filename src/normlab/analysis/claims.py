@@ -19,6 +19,8 @@ as a long table (arm, seed, x, metric, value: runs.csv's columns), of which an e
       absent: {fraction: 0.1, paper: [23.6, 34.7], why: "..."}  # an equivalence band (BANDS)
 
 A difference may `scale` its unit (100: an accuracy to points); a value may be `log` (a ratio).
+`precluded: "{name}"` gives the verdict where the values cannot answer the claim as run, in the
+analysis's words (empty: they can).
 A slope reads a list of arms, each `at` its abscissa (e.g. a depth): per seed, the least-squares
 slope of log(quantity) on log(at) over the seeds with every point; with `minus`, a second list,
 the first slope minus the second, paired by seed.
@@ -59,7 +61,7 @@ FROM_DATA = "from_data"  # `each: {name: from_data}`: the values `build`'s words
 BANDS = {"fraction": ("fraction", "paper"), "sd": ("sd",), "band": ("band",)}
 KEYS = {"claim", "kind", "quantity", "of", *filter(None, KINDS.values()), "per_seed", "region",
         "gates", "final", "source", "why", "paper", "undecided", "log", "absent", "each",
-        "present", "ceiling_against", "untrained_answers", "scale"}  # fmt: skip
+        "present", "ceiling_against", "untrained_answers", "scale", "precluded"}  # fmt: skip
 REGIONS = {"above", "below", "within"}
 
 
@@ -336,6 +338,7 @@ def _claim(entry: dict, quantities: pd.DataFrame):
         final=bool(entry.get("final", False)),
         ceiling_against=tuple(entry.get("ceiling_against", ())),
         untrained_answers=tuple(entry.get("untrained_answers", ())),
+        precluded=entry.get("precluded", ""),  # e.g. "{apart}": the analysis's words, or none
         **_absent(entry, quantities),
     )  # fmt: skip
     words = dict(claim=entry["claim"], paper_number=entry["paper"], quantity=entry["per_seed"])
