@@ -170,3 +170,20 @@ def test_precluded_takes_the_analysis_words(tmp_path):
     (kept,) = claims.build("toy", _quantities(), {"apart": ""}, conf=tmp_path)
     (apart,) = claims.build("toy", _quantities(), {"apart": "not comparable: x"}, conf=tmp_path)
     assert kept.precluded == "" and apart.verdict == "not comparable: x"
+
+
+def test_an_arm_from_the_data_is_checked_against_the_grids_and_a_norm_grids_norm(tmp_path):
+    """An arm the analysis names ({arm} before the data, matched loosely) must be one a grid
+    declares once filled, or a --norm run's <grid>/<norm> in a norm grid."""
+    spec = {
+        "grids": {"g": {"arms": {"g/a": [], "g/b": []}}},
+        "norm_grids": ["g"],
+        "claims": [_entry(claim="{arm}", each={"arm": "from_data"}, of={"arm": "{arm}"})],
+    }
+    path = tmp_path / "toy.yaml"
+    claims.entries(spec, path)  # loaded: {arm} matches loosely
+    assert [e["of"]["arm"] for e in claims.entries(spec, path, {"arm": ["g/a", "g/mine"]})] == [
+        "g/a", "g/mine"]  # fmt: skip
+    unknown = r"claims\[0\] \('\{arm\}'\) at arm=h/x: unknown arm 'h/x'"  # the value named
+    with pytest.raises(ValueError, match=unknown):
+        claims.entries(spec, path, {"arm": ["h/x"]})

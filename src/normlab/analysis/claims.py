@@ -86,6 +86,7 @@ def entries(spec: dict, path: Path, words: dict | None = None) -> list[dict]:
     error naming the yaml file and the entry. Without words (where a declaration is loaded,
     before any data) an entry over values from the data is checked once, its {names} unfilled."""
     arms = [a for g in spec.get("grids", {}).values() for a in g.get("arms", {})]
+    arms += [f"{g}/${{norm}}" for g in spec.get("norm_grids", ())]  # --norm's (sweep.norm_arm)
     out = []
     for where, one in _expand(spec.get("claims") or [], f"{path}: claims", words):
         one = _fill(one, words or {})
@@ -114,8 +115,9 @@ def _expand(listed: list, at: str, words: dict | None) -> list[tuple[str, dict]]
         rest = {key: v for key, v in entry.items() if key != "each"}
         for bound in _values(entry.get("each"), where, words):
             one = _fill(rest, bound)
-            out += _expand(one["claims"], f"{at}[{k}].claims", words) if "claims" in one else [
-                (where, one)]  # fmt: skip
+            named = where + "".join(f" at {key}={v}" for key, v in bound.items())
+            inner = f"{at}[{k}].claims" + "".join(f"[{key}={v}]" for key, v in bound.items())
+            out += _expand(one["claims"], inner, words) if "claims" in one else [(named, one)]
     return out
 
 
@@ -178,7 +180,12 @@ def _names(value, key: str) -> bool:
 
 def _known(arm: str, arms: list[str], gate: bool = False) -> bool:
     """An arm a grid declares (a templated one, e.g. deep/${x}, matched loosely); a gate arm
-    may be one followed by /its setting (gn_batch_size's batchnorm/b2)."""
+    may be one followed by /its setting (gn_batch_size's batchnorm/b2). An arm still naming
+    {words} (checked before any data) matches loosely too."""
+    if re.search(r"\{[^}]*\}", arm):
+        loose = re.sub(r"\\\{[^}]*\\\}", ".+", re.escape(arm))
+        if any(re.fullmatch(loose, re.sub(r"\$\{[^}]*\}", "x", a)) for a in arms):
+            return True
     for a in arms:
         pattern = re.sub(r"\\\$\\\{[^}]*\\\}", ".+", re.escape(a))
         if re.fullmatch(pattern + (r"(/.+)?" if gate else ""), arm):
