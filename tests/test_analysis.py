@@ -1040,7 +1040,7 @@ def test_dit_conditioning_pairwise_ranks_ties_and_the_best_of_four(tmp_path: Pat
     verdict = {c.claim: c.verdict for c in result.claims}
     assert verdict["adaLN-Zero's fid_lenet is the lowest of the four"] == stats.HOLDS
     assert verdict["adaLN-Zero's fid_lenet is lower than adaLN's"] == stats.HOLDS
-    assert verdict["adaLN's fid_lenet is lower than cross-attention's"] == dit_conditioning.TIE
+    assert verdict["adaLN's fid_lenet is lower than cross-attention's"] == "tie (within noise)"
     assert verdict["cross-attention's fid_lenet is lower than in-context's"] == stats.HOLDS
     best = next(c for c in result.claims if c.claim.startswith("adaLN-Zero's fid_lenet is the"))
     assert best.values == pytest.approx([1.5, 1.5, 1.9])  # the smallest gap per seed: adaLN's

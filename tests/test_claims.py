@@ -93,3 +93,97 @@ def test_equivalence_bands_by_their_rules(tmp_path):
     (sd,) = _build(tmp_path, {**base, "absent": {"sd": {"arm": "b", "x": 1}, "why": "{sd:.3g}"}})
     width = float(pd.Series([1.0, 2.0, 2.5]).std(ddof=1))
     assert sd.absent == (-width, width) and sd.absent_why == f"{width:.3g}"
+
+
+def _spec(tmp_path, listed: list) -> object:
+    spec = {"grids": {"g": {"arms": {"a": [], "b": []}}}, "claims": listed}
+    (tmp_path / "toy.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    return tmp_path / "toy.yaml"
+
+
+def _entry(**change) -> dict:
+    return {"claim": "a at {x}", "kind": "value", "quantity": "q", "of": {"arm": "a", "x": 1},
+            "per_seed": "words", "region": {"above": 0}, "paper": "quoted", "source": "paper",
+            **change}  # fmt: skip
+
+
+def test_each_from_data_and_a_group_repeat_in_order_over_the_values_the_analysis_found(tmp_path):
+    group = {"each": {"x": "from_data", "y": "from_data"},
+             "claims": [_entry(claim="first at {x} ({y})"),
+                        _entry(claim="second at {x}, gates over {xs}",
+                               gates=["{xs}"])]}  # fmt: skip
+    _spec(tmp_path, [group, _entry(claim="last")])
+    words = {"x": [1, 2], "y": ["one", "two"], "xs": ["a", "b"]}
+    built = claims.build("toy", _quantities(), words, conf=tmp_path)
+    assert [c.claim for c in built] == ["first at 1 (one)", "second at 1, gates over a, b",
+                                        "first at 2 (two)", "second at 2, gates over a, b",
+                                        "last"]  # fmt: skip
+    assert built[1].arms == ("a", "b")  # a list item naming a list: one item per value
+    none = claims.build("toy", _quantities(), {"x": [], "y": [], "xs": []}, conf=tmp_path)
+    assert [c.claim for c in none] == ["last"]  # no values found: the group builds nothing
+
+
+def _sloped() -> pd.DataFrame:
+    """u = c * x^2 in arm a and c * x^0.5 in arm b, per seed; seed 2 lacks a at x=4."""
+    rows = [(arm, s, x, "u", c * x**p) for arm, p in (("a", 2.0), ("b", 0.5))
+            for s, c in enumerate([1.0, 2.0, 3.0]) for x in (1.0, 2.0, 4.0)
+            if (arm, s, x) != ("a", 2, 4.0)]  # fmt: skip
+    return pd.DataFrame(rows, columns=["arm", "seed", "x", "metric", "value"])
+
+
+def test_a_slope_is_log_log_per_seed_over_its_points_and_minus_pairs_by_seed(tmp_path):
+    points = {arm: [{"arm": arm, "x": "{x}", "at": "{x}"}] for arm in ("a", "b")}
+    _spec(tmp_path, [_entry(claim="slope", kind="slope", quantity="u", of=points["a"]),
+                     _entry(claim="gap", kind="slope", quantity="u", of=points["a"],
+                            minus=points["b"])])  # fmt: skip
+    slope, gap = claims.build("toy", _sloped(), {"x": [1, 2, 4]}, conf=tmp_path)
+    assert slope.values == pytest.approx([2.0, 2.0]) and not slope.log  # seed 2: a point missing
+    assert gap.values == pytest.approx([1.5, 1.5])
+
+
+@pytest.mark.parametrize("listed, problem", [
+    ([{"each": {"x": [1]}, "claims": [_entry()], "kind": "value"}],
+     "a group is {each: ..., claims: [entries]}"),
+    ([_entry(kind="slope", of={"arm": "a"})], "a slope reads a list of {arm, x, at}"),
+    ([_entry(kind="slope", of=[{"arm": "a", "x": 1}])], "an arm to read is {arm, at, x}"),
+])  # fmt: skip
+def test_a_bad_group_or_slope_fails_in_one_line_naming_the_file_and_entry(tmp_path, listed,
+                                                                          problem):  # fmt: skip
+    path = _spec(tmp_path, listed)
+    with pytest.raises(ValueError) as raised:
+        claims.entries(yaml.safe_load(path.read_text()), path)  # as sweep.load checks it
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith(f"{path}: claims[0]") and problem in message
+
+
+def test_from_data_the_analysis_does_not_give_fails_naming_the_file_and_entry(tmp_path):
+    path = _spec(tmp_path, [_entry(each={"x": "from_data"})])
+    claims.entries(yaml.safe_load(path.read_text()), path)  # loaded: checked once, unfilled
+    with pytest.raises(ValueError) as raised:
+        claims.build("toy", _quantities(), {}, conf=tmp_path)
+    assert str(raised.value) == (f"{path}: claims[0] ('a at {{x}}'): each x: from_data, but the "
+                                 "analysis gives no list of its values")  # fmt: skip
+
+
+def test_precluded_takes_the_analysis_words(tmp_path):
+    _spec(tmp_path, [_entry(claim="read", precluded="{apart}")])
+    (kept,) = claims.build("toy", _quantities(), {"apart": ""}, conf=tmp_path)
+    (apart,) = claims.build("toy", _quantities(), {"apart": "not comparable: x"}, conf=tmp_path)
+    assert kept.precluded == "" and apart.verdict == "not comparable: x"
+
+
+def test_an_arm_from_the_data_is_checked_against_the_grids_and_a_norm_grids_norm(tmp_path):
+    """An arm the analysis names ({arm} before the data, matched loosely) must be one a grid
+    declares once filled, or a --norm run's <grid>/<norm> in a norm grid."""
+    spec = {
+        "grids": {"g": {"arms": {"g/a": [], "g/b": []}}},
+        "norm_grids": ["g"],
+        "claims": [_entry(claim="{arm}", each={"arm": "from_data"}, of={"arm": "{arm}"})],
+    }
+    path = tmp_path / "toy.yaml"
+    claims.entries(spec, path)  # loaded: {arm} matches loosely
+    assert [e["of"]["arm"] for e in claims.entries(spec, path, {"arm": ["g/a", "g/mine"]})] == [
+        "g/a", "g/mine"]  # fmt: skip
+    unknown = r"claims\[0\] \('\{arm\}'\) at arm=h/x: unknown arm 'h/x'"  # the value named
+    with pytest.raises(ValueError, match=unknown):
+        claims.entries(spec, path, {"arm": ["h/x"]})

@@ -54,7 +54,7 @@ def _runs(gpt_gap: float, fid_ratio: float, ln_shape: str) -> pd.DataFrame:
 
 
 def _verdicts(data: pd.DataFrame) -> dict[str, str]:
-    return {c.claim: c.verdict for c in d._claims(data)}
+    return {c.claim: c.verdict for c in d.claims(data)}
 
 
 def test_verdicts_hold_when_dyt_matches_and_ln_is_s_shaped():
@@ -75,7 +75,7 @@ def test_verdicts_fail_when_dyt_is_worse_and_ln_maps_are_lines():
 def test_a_users_norm_is_one_more_claim_against_layernorm():
     data = _runs(gpt_gap=0.001, fid_ratio=1.0, ln_shape="s")
     extra = data[data["arm"] == "gpt/dyt"].assign(arm="gpt/meanonly")
-    claims = [c.claim for c in d._claims(pd.concat([data, extra]))]
+    claims = [c.claim for c in d.claims(pd.concat([data, extra]))]
     assert any(c.startswith("GPT: meanonly's final val loss is within") for c in claims)
     assert d.arms_of(pd.concat([data, extra]), "gpt") == ["layernorm", "dyt", "rmsnorm",
                                                           "meanonly"]  # fmt: skip
@@ -114,6 +114,16 @@ def test_a_drop_in_that_did_not_train_answers_its_claim():
     assert recipe and not any(v.startswith("invalid") for v in recipe)
 
 
+def _of(data: pd.DataFrame, start: str) -> list:
+    """The declared claims whose words start so (e.g. 'DiT, ': the dit_long grid's)."""
+    return [c for c in d.claims(data) if c.claim.startswith(start)]
+
+
+def _long(data: pd.DataFrame) -> list:
+    """The long grids' claims (their words name the steps)."""
+    return [c for c in d.claims(data) if c.claim.startswith("GPT, ")]
+
+
 def test_the_long_grids_test_the_recipe_against_each_base_that_ran():
     """long/layernorm and long/rmsnorm (the paper's LLaMA baseline): a claim each against the
     recipe at their steps, paired by seed; a base that did not run has no claim."""
@@ -124,13 +134,13 @@ def test_the_long_grids_test_the_recipe_against_each_base_that_ran():
             rows += [(f"{d.LONG}/{arm}", seed, 2999.0, "val/loss", loss),
                      (f"{d.LONG}/{arm}", seed, math.nan, "final/val_loss", loss)]  # fmt: skip
     data = pd.DataFrame(rows, columns=["arm", "seed", "x", "metric", "value"])
-    claims = {c.claim: c for c in d._long_claims(data)}
+    claims = {c.claim: c for c in _long(data)}
     recipe = f"GPT, 2,999 steps: {d.RECIPE_LABEL}'s final val loss is within +-0.05 nats of"
     vs_ln, vs_rms = claims[f"{recipe} LayerNorm's"], claims[f"{recipe} RMSNorm's"]
     assert vs_ln.values == pytest.approx([0.11] * 3) and vs_ln.verdict == FAILS
     assert vs_rms.values == pytest.approx([0.02] * 3) and vs_rms.verdict == HOLDS
     assert vs_rms.arms == (f"{d.LONG}/dyt_recipe", f"{d.LONG}/rmsnorm") and vs_rms.final
-    without = d._long_claims(data[data["arm"] != f"{d.LONG}/rmsnorm"])
+    without = _long(data[data["arm"] != f"{d.LONG}/rmsnorm"])
     assert [c.claim for c in without] == [f"{recipe} LayerNorm's"]
 
 
@@ -148,12 +158,12 @@ def test_the_long_dit_is_held_to_layernorm_at_its_steps_with_each_norms_piloted_
             a = f"{d.DIT_LONG_LR}/{norm}/lr{lr:g}"
             rows.append((a, 0, math.nan, "final/fid_lenet", fid))  # its lr: in its name
     data = pd.DataFrame(rows, columns=["arm", "seed", "x", "metric", "value"])
-    (claim,) = d._dit_claims(data, d.DIT_LONG)
+    (claim,) = _of(data, "DiT, ")
     assert claim.claim == ("DiT, 2,400 steps: DyT, authors' DiT patch's fid_lenet is within "
                            "+-10% of LayerNorm's")  # fmt: skip
     assert claim.values == pytest.approx([1.05] * 3) and claim.verdict == HOLDS
     assert claim.arms == (f"{d.DIT_LONG}/dyt_patch", f"{d.DIT_LONG}/layernorm") and claim.final
-    assert d._dit_claims(data, d.DIT) == []  # the dit grid's arms absent: no claim read
+    assert _of(data, "DiT: ") == []  # the dit grid's arms absent: no claim read
     note = d._lr_pilot_note(data, d.DIT_LONG_LR, d.DIT_LONG, "lr pilot")
     assert (
         "(seed 0; fid_lenet by lr): LayerNorm: 0.002: 11.00; 0.004: 10.00; 0.008: 10.50; "
@@ -193,7 +203,7 @@ def test_a_diverged_dit_seed_is_named_by_its_gate_and_claim_and_left_out_of_the_
                      (a, seed, math.nan, "gate/trivial_loss", 1.0),
                      (a, seed, math.nan, "final/fid_lenet", fid * (1 + 0.001 * seed))]  # fmt: skip
     data = pd.DataFrame(rows, columns=["arm", "seed", "x", "metric", "value"])
-    (claim,) = d._dit_claims(data, d.DIT_LONG)
+    (claim,) = _of(data, "DiT, ")
     assert claim.values == pytest.approx([1.05] * 3)  # seeds 0-2: seed 3 has no LN fid_lenet
     assert claim.quantity.endswith(
         "after 2,400 steps; left out, diverged (no fid_lenet): dit_long/layernorm seeds [3]"
@@ -204,5 +214,5 @@ def test_a_diverged_dit_seed_is_named_by_its_gate_and_claim_and_left_out_of_the_
     )
     assert dyt.passed and dyt.measured.endswith("0 of 4 seeds within 5%")
     finished = data[data["metric"] != "diverged"]  # none diverged: the texts as before
-    assert "left out" not in d._dit_claims(finished, d.DIT_LONG)[0].quantity
+    assert "left out" not in _of(finished, "DiT, ")[0].quantity
     assert "diverged" not in gates.trained(finished, a_ln).measured

@@ -19,11 +19,19 @@ as a long table (arm, seed, x, metric, value: runs.csv's columns), of which an e
       absent: {fraction: 0.1, paper: [23.6, 34.7], why: "..."}  # an equivalence band (BANDS)
 
 A difference may `scale` its unit (100: an accuracy to points); a value may be `log` (a ratio).
+`precluded: "{name}"` gives the verdict where the values cannot answer the claim as run, in the
+analysis's words (empty: they can).
+A slope reads a list of arms, each `at` its abscissa (e.g. a depth): per seed, the least-squares
+slope of log(quantity) on log(at) over the seeds with every point; with `minus`, a second list,
+the first slope minus the second, paired by seed.
 
 `each: {b: [16, 8, 4, 2]}` repeats an entry for each value ({b} in its strings and settings
-replaced); `present: [{arm, x}]` keeps an entry only where one of those has a value; the analysis
-may fill other {name}s from its data (`build`'s words). A claim no kind expresses stays code in
-its analysis module.
+replaced); `each: {lr: from_data}` for each value the analysis found in its data (`build`'s words
+give lr as a list); `{each: ..., claims: [...]}` repeats a group of entries, in order (e.g. three
+claims per lr). `present: [{arm, x}]` keeps an entry only where one of those has a value. The
+analysis may fill other {name}s from its data (`build`'s words): a list's values are joined by
+", " in a string, and an item of a list that names it is repeated for each value (a slope's arms,
+its gates). A claim no kind expresses stays code in its analysis module.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import yaml
 
@@ -44,13 +53,15 @@ KINDS = {
     "ratio": "over",  # per seed: of / over; its geometric mean, the CI on the log scale
     "value": None,  # per seed: of as extracted (a slope, a ratio taken within a seed)
     "count": "against",  # events (0 or 1 a seed) in `of` against `against`, each arm's seeds
+    "slope": "minus",  # per seed: the log-log slope over `of`'s arms (minus `minus`'s), optional
 }
+FROM_DATA = "from_data"  # `each: {name: from_data}`: the values `build`'s words give name
 # an equivalence band's rules: a fraction of the paper's effect, one seed-to-seed SD of an
 # arm's own quantity, or a band given as numbers; each with `why`, its words
 BANDS = {"fraction": ("fraction", "paper"), "sd": ("sd",), "band": ("band",)}
 KEYS = {"claim", "kind", "quantity", "of", *filter(None, KINDS.values()), "per_seed", "region",
         "gates", "final", "source", "why", "paper", "undecided", "log", "absent", "each",
-        "present", "ceiling_against", "untrained_answers", "scale"}  # fmt: skip
+        "present", "ceiling_against", "untrained_answers", "scale", "precluded"}  # fmt: skip
 REGIONS = {"above", "below", "within"}
 
 
@@ -65,60 +76,116 @@ def build(name: str, quantities: pd.DataFrame, words: dict | None = None,
     `words` fills the {name}s an entry's strings leave to the data (e.g. ln_rnn's {every})."""
     path = declaration(name, conf)
     spec = yaml.safe_load(path.read_text())
-    built = [_fill(e, words or {}) for e in entries(spec, path)]
+    built = entries(spec, path, words or {})
     return [_claim(e, quantities) for e in built if _present(e, quantities)]
 
 
-def entries(spec: dict, path: Path) -> list[dict]:
-    """A declaration's claims entries, each repeated over its `each` and checked: a bad kind,
-    key, region, band or source, or an arm no grid declares, is a one-line error naming the
-    yaml file and the entry."""
+def entries(spec: dict, path: Path, words: dict | None = None) -> list[dict]:
+    """A declaration's claims entries, each repeated over its `each`, filled with `words` and
+    checked: a bad kind, key, region, band or source, or an arm no grid declares, is a one-line
+    error naming the yaml file and the entry. Without words (where a declaration is loaded,
+    before any data) an entry over values from the data is checked once, its {names} unfilled."""
     arms = [a for g in spec.get("grids", {}).values() for a in g.get("arms", {})]
+    arms += [f"{g}/${{norm}}" for g in spec.get("norm_grids", ())]  # --norm's (sweep.norm_arm)
     out = []
-    for k, entry in enumerate(spec.get("claims") or ()):
-        for one in _expand(entry, path, k):
-            _check(one, arms, path, k)
-            out.append(one)
+    for where, one in _expand(spec.get("claims") or [], f"{path}: claims", words):
+        one = _fill(one, words or {})
+        _check(one, arms, where)
+        out.append(one)
     return out
 
 
-def _where(path: Path, k: int, entry: dict) -> str:
+def _where(at: str, entry: dict) -> str:
     words = entry.get("claim") if isinstance(entry, dict) else None
-    return f"{path}: claims[{k}]" + (f" ({words!r})" if words else "")
+    return at + (f" ({words!r})" if words else "")
 
 
-def _expand(entry: dict, path: Path, k: int) -> list[dict]:
-    """The entry once per value of its `each` (several keys go together, value by value)."""
-    if not isinstance(entry, dict):
-        raise ValueError(f"{_where(path, k, entry)}: an entry is a mapping, got {entry!r}")
-    each = entry.get("each")
+def _expand(listed: list, at: str, words: dict | None) -> list[tuple[str, dict]]:
+    """Each entry of a claims list (a group's entries in turn) once per value of its `each`
+    (several keys go together, value by value), with where it is declared."""
+    out = []
+    for k, entry in enumerate(listed):
+        where = _where(f"{at}[{k}]", entry)
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where}: an entry is a mapping, got {entry!r}")
+        if "claims" in entry and (set(entry) != {"each", "claims"}
+                                  or not isinstance(entry["claims"], list)):  # fmt: skip
+            raise ValueError(f"{where}: a group is {{each: ..., claims: [entries]}}, got keys "
+                             f"{', '.join(entry)}")  # fmt: skip
+        rest = {key: v for key, v in entry.items() if key != "each"}
+        for bound in _values(entry.get("each"), where, words):
+            one = _fill(rest, bound)
+            named = where + "".join(f" at {key}={v}" for key, v in bound.items())
+            inner = f"{at}[{k}].claims" + "".join(f"[{key}={v}]" for key, v in bound.items())
+            out += _expand(one["claims"], inner, words) if "claims" in one else [(named, one)]
+    return out
+
+
+def _values(each, where: str, words: dict | None) -> list[dict]:
+    """The names an `each` binds, one dict per value: its lists, or the lists `words` give for
+    its from_data names (none given: one unbound pass, so the entry is still checked)."""
     if each is None:
-        return [entry]
+        return [{}]
+    if isinstance(each, dict) and words is not None:
+        found = {n for n, v in words.items() if isinstance(v, list)}
+        missing = [n for n, v in each.items() if v == FROM_DATA and n not in found]
+        if missing:
+            raise ValueError(f"{where}: each {', '.join(missing)}: from_data, but the analysis "
+                             "gives no list of its values")  # fmt: skip
+        each = {n: words[n] if v == FROM_DATA else v for n, v in each.items()}
+    elif isinstance(each, dict):
+        each = {n: v for n, v in each.items() if v != FROM_DATA}
+        if not each:
+            return [{}]
     lengths = {len(v) for v in each.values()} if isinstance(each, dict) else set()
     if len(lengths) != 1 or not all(isinstance(v, list) for v in each.values()):
-        raise ValueError(f"{_where(path, k, entry)}: each maps names to lists of one length, "
+        raise ValueError(f"{where}: each maps names to lists of one length (or {FROM_DATA}), "
                          f"got {each!r}")  # fmt: skip
-    rest = {key: v for key, v in entry.items() if key != "each"}
-    return [_fill(rest, dict(zip(each, values, strict=True)))
-            for values in zip(*each.values(), strict=True)]  # fmt: skip
+    return [dict(zip(each, values, strict=True)) for values in zip(*each.values(), strict=True)]
 
 
 def _fill(value, names: dict):
-    """`value` with each {name} in its strings replaced by that name's value."""
+    """`value` with each {name} in its strings replaced by that name's value: a list's values
+    joined by ", ", except that an item of a list naming a list is repeated for each value."""
     if isinstance(value, str):
         for key, v in names.items():
-            value = value.replace(f"{{{key}}}", str(v))
+            text = ", ".join(map(str, v)) if isinstance(v, list) else str(v)
+            value = value.replace(f"{{{key}}}", text)
         return value
     if isinstance(value, dict):
         return {key: _fill(v, names) for key, v in value.items()}
     if isinstance(value, list):
-        return [_fill(v, names) for v in value]
+        out = []
+        for item in value:
+            lists = [k for k, v in names.items() if isinstance(v, list) and _names(item, k)]
+            for one in _over(lists[:1], names):  # repeated over the first list it names
+                out.append(_fill(item, {**names, **one}))
+        return out
     return value
+
+
+def _over(lists: list[str], names: dict) -> list[dict]:
+    """One binding per value of the list named (none named: one empty binding)."""
+    return [{lists[0]: v} for v in names[lists[0]]] if lists else [{}]
+
+
+def _names(value, key: str) -> bool:
+    """Whether {key} appears in any string of `value`."""
+    if isinstance(value, str):
+        return f"{{{key}}}" in value
+    if isinstance(value, dict):
+        return any(_names(v, key) for v in value.values())
+    return isinstance(value, list) and any(_names(v, key) for v in value)
 
 
 def _known(arm: str, arms: list[str], gate: bool = False) -> bool:
     """An arm a grid declares (a templated one, e.g. deep/${x}, matched loosely); a gate arm
-    may be one followed by /its setting (gn_batch_size's batchnorm/b2)."""
+    may be one followed by /its setting (gn_batch_size's batchnorm/b2). An arm still naming
+    {words} (checked before any data) matches loosely too."""
+    if re.search(r"\{[^}]*\}", arm):
+        loose = re.sub(r"\\\{[^}]*\\\}", ".+", re.escape(arm))
+        if any(re.fullmatch(loose, re.sub(r"\$\{[^}]*\}", "x", a)) for a in arms):
+            return True
     for a in arms:
         pattern = re.sub(r"\\\$\\\{[^}]*\\\}", ".+", re.escape(a))
         if re.fullmatch(pattern + (r"(/.+)?" if gate else ""), arm):
@@ -126,9 +193,7 @@ def _known(arm: str, arms: list[str], gate: bool = False) -> bool:
     return False
 
 
-def _check(entry: dict, arms: list[str], path: Path, k: int) -> None:
-    where = _where(path, k, entry)
-
+def _check(entry: dict, arms: list[str], where: str) -> None:
     def fail(problem: str) -> None:
         raise ValueError(f"{where}: {problem}")
 
@@ -139,7 +204,8 @@ def _check(entry: dict, arms: list[str], path: Path, k: int) -> None:
     if kind not in KINDS:
         fail(f"kind {kind!r} is not one of {', '.join(KINDS)}")
     second = KINDS[kind]
-    needed = ["claim", "quantity", "of", "per_seed", "paper", "source", *([second] * bool(second))]
+    needed = ["claim", "quantity", "of", "per_seed", "paper", "source"]
+    needed += [second] if second and kind != "slope" else []  # a slope's minus is optional
     needed += [] if kind == "count" else ["region"]
     missing = [key for key in needed if key not in entry]
     if missing:
@@ -159,11 +225,24 @@ def _check(entry: dict, arms: list[str], path: Path, k: int) -> None:
     if band is not None and (not isinstance(band, dict) or not band.get("why")
                              or sum(b in band for b in BANDS) != 1):  # fmt: skip
         fail(f"absent is one of {', '.join(BANDS)} with its why, got {band!r}")
-    selections = [entry["of"], *([entry[second]] if second else ()), *entry.get("present", ()),
-                  *([band["sd"]] if band and "sd" in band else [])]  # fmt: skip
-    for sel in selections:
-        if not isinstance(sel, dict) or "arm" not in sel or set(sel) - {"arm", "x"}:
-            fail(f"an arm to read is {{arm: NAME, x: SETTING}} (x optional), got {sel!r}")
+    _check_arms(entry, arms, fail)
+
+
+def _check_arms(entry: dict, arms: list[str], fail) -> None:
+    """Every arm an entry reads, and its gate arms, are declared; a selection is {arm, x} (a
+    slope's, a list of {arm, x, at})."""
+    second, band = KINDS[entry["kind"]], entry.get("absent") or {}
+    operands = [entry[key] for key in ("of", second) if key and key in entry]
+    slope = entry["kind"] == "slope"
+    if slope and not all(isinstance(o, list) and o for o in operands):
+        fail(f"a slope reads a list of {{arm, x, at}}, got {operands!r}")
+    points = [sel for o in operands for sel in o] if slope else operands
+    selections = [*points, *entry.get("present", ()), *([band["sd"]] if "sd" in band else [])]
+    for k, sel in enumerate(selections):
+        keys = {"arm", "x", "at"} if slope and k < len(points) else {"arm", "x"}
+        if (not isinstance(sel, dict) or "arm" not in sel or set(sel) - keys
+                or ("at" in keys and "at" not in sel)):  # fmt: skip
+            fail(f"an arm to read is {{{', '.join(sorted(keys))}}} (x optional), got {sel!r}")
         if not _known(sel["arm"], arms):
             fail(f"unknown arm {sel['arm']!r}: no grid declares it (arms: {', '.join(arms)})")
     for gate in entry.get("gates", ()):
@@ -175,7 +254,7 @@ def _region(region, fail) -> tuple[float, float]:
     """{above: a} -> (a, ABOVE); {below: b} -> (BELOW, b); {within: [a, b]} -> (a, b)."""
     if not isinstance(region, dict) or len(region) != 1 or set(region) - REGIONS:
         fail(f"region is one of {{above: a}}, {{below: b}}, {{within: [a, b]}}, got {region!r}")
-    (side, bound), = region.items()
+    ((side, bound),) = region.items()
     if side == "within":
         if not isinstance(bound, list) or len(bound) != 2:
             fail(f"region within is [low, high], got {bound!r}")
@@ -201,6 +280,26 @@ def per_seed(quantities: pd.DataFrame, quantity: str, sel: dict) -> pd.Series:
     return values.sort_index()
 
 
+def _operand(quantities: pd.DataFrame, quantity: str, sel, kind: str) -> pd.Series:
+    """What one operand gives per seed: its arm's values, or a slope's slopes."""
+    if kind == "slope":
+        return slopes(quantities, quantity, sel)
+    return per_seed(quantities, quantity, sel)
+
+
+def slopes(quantities: pd.DataFrame, quantity: str, points: list[dict]) -> pd.Series:
+    """{seed: the least-squares slope of log(quantity) on log(at)} over a slope's points (each
+    an arm at its abscissa `at`), the seeds with every point; none with fewer than two points."""
+    table = pd.DataFrame({float(p["at"]): per_seed(quantities, quantity,
+                                                   {k: p[k] for k in ("arm", "x") if k in p})
+                          for p in points})  # fmt: skip
+    full = table.dropna()
+    if full.shape[1] < 2:
+        return pd.Series(dtype=float)
+    x = np.log(np.asarray(table.columns, dtype=float))
+    return full.apply(lambda r: float(np.polyfit(x, np.log(r.to_numpy(float)), 1)[0]), axis=1)
+
+
 def _paired(a: pd.Series, b: pd.Series) -> pd.DataFrame:
     """The seeds both have a value at, a row each."""
     return pd.concat([a, b], axis=1, join="inner").dropna()
@@ -223,8 +322,10 @@ def _absent(entry: dict, quantities: pd.DataFrame) -> dict:
         low, high = band["paper"]
         effect = abs(high - low)
         delta = band["fraction"] * effect
-        return {"absent": (-delta, delta),
-                "absent_why": band["why"].format(fraction=band["fraction"], effect=effect)}
+        return {
+            "absent": (-delta, delta),
+            "absent_why": band["why"].format(fraction=band["fraction"], effect=effect),
+        }
     if "sd" in band:
         values = per_seed(quantities, entry["quantity"], band["sd"]).dropna()
         if len(values) < 2:
@@ -238,12 +339,13 @@ def _absent(entry: dict, quantities: pd.DataFrame) -> dict:
 def _claim(entry: dict, quantities: pd.DataFrame):
     """One entry's Claim (CountClaim for a count) over the seeds its arms share."""
     kind, quantity = entry["kind"], entry["quantity"]
-    of = per_seed(quantities, quantity, entry["of"])
+    of = _operand(quantities, quantity, entry["of"], kind)
     shared = dict(
         source=entry["source"], why=entry.get("why", ""), arms=tuple(entry.get("gates", ())),
         final=bool(entry.get("final", False)),
         ceiling_against=tuple(entry.get("ceiling_against", ())),
         untrained_answers=tuple(entry.get("untrained_answers", ())),
+        precluded=entry.get("precluded", ""),  # e.g. "{apart}": the analysis's words, or none
         **_absent(entry, quantities),
     )  # fmt: skip
     words = dict(claim=entry["claim"], paper_number=entry["paper"], quantity=entry["per_seed"])
@@ -252,10 +354,10 @@ def _claim(entry: dict, quantities: pd.DataFrame):
         counts = (int(a.sum()), len(a), int(b.sum()), len(b))  # each arm's own seeds
         region = _region(entry["region"], _fail) if "region" in entry else (0.0, stats.ABOVE)
         return CountClaim(**words, counts=counts, region=region, **shared)
-    if kind == "value":
+    if kind == "value" or (kind == "slope" and "minus" not in entry):
         values, log = list(of), bool(entry.get("log", False))  # a NaN stays: no interval
     else:
-        pair = _paired(of, per_seed(quantities, quantity, entry[KINDS[kind]]))
+        pair = _paired(of, _operand(quantities, quantity, entry[KINDS[kind]], kind))
         first, second = pair.iloc[:, 0], pair.iloc[:, 1]
         if kind == "ratio":
             values = list(first / second)

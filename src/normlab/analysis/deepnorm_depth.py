@@ -9,12 +9,14 @@ claims from runs.csv alone.
 
 from __future__ import annotations
 
+import math
 import re
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from normlab.analysis import claims as declared
 from normlab.analysis import deepnorm_slope, gates
 from normlab.analysis.curves import (
     DIVERGED_LOSS,
@@ -27,23 +29,12 @@ from normlab.analysis.curves import (
     val_loss_rows,
 )
 from normlab.analysis.logs import Run
-from normlab.analysis.report import Claim, Result
-from normlab.analysis.stats import ABOVE, BELOW, Interval
+from normlab.analysis.report import Result
+from normlab.analysis.stats import Interval
 from normlab.tables import markdown_table
 
-# ----- the paper's claims (Wang et al. 2022, "DeepNet: Scaling Transformers to 1,000 Layers") --
-PAPER = {
-    "post_grows": "Figs. 4-5: Post-LN's model update ||F(x,θ_t) - F(x,θ_0)|| is large at the start "
-    "of training, the larger the deeper the model (Sec. 3: it explodes with depth)",
-    "deepnorm_bounded": "Sec. 4 (Theorem 4.2): DeepNorm bounds the model update by O(η), whatever "
-    "the depth; Figs. 4-5: it stays small",
-    "deep_trains": "Deep Post-LN fails to train; DeepNorm trains up to 1,000 layers (abstract, "
-    "Table 1)",
-}
-# ----- thresholds of the rules ----------------------------------------------------------------
+# ----- the claims: conf/reproduce/deepnorm_depth.yaml's claims:, built by normlab.analysis.claims
 EARLY_STEP = 1  # "early update": update_norm after this many steps (the issue's and Fig. 4's start)
-GROWTH = 2.0  # Post-LN's early update at the largest depth / at the smallest: at least this
-DEEPNORM_SHARE = 0.2  # DeepNorm's early update at the largest depth / Post-LN's: at most this
 SHOWN_STEPS = (*range(1, 11), 20, 50)  # the steps the md's table lists
 
 PLACEMENTS = {"post": "Post-LN", "deepnorm": "DeepNorm"}
@@ -98,12 +89,6 @@ def early(data: pd.DataFrame, placement: str, depth: int, warmup: int) -> pd.Ser
     return table[float(EARLY_STEP)].dropna()
 
 
-def ratios(num: pd.Series, den: pd.Series) -> list[float]:
-    """num / den over the seeds both have."""
-    both = pd.concat([num, den], axis=1, keys=["n", "d"]).dropna()
-    return list(both["n"] / both["d"])
-
-
 def update_grid(data: pd.DataFrame) -> tuple[list[int], list[int]]:
     """The depths and warmup lengths of the update grid."""
     found = [m.groupdict() for a in data["arm"].unique() if (m := UPDATE_ARM.match(a))]
@@ -127,69 +112,28 @@ def rising(data: pd.DataFrame, depths: list[int], warmup: int) -> pd.Series:
     return pd.concat(steps, axis=1).min(axis=1) if steps else pd.Series(dtype=float)
 
 
-# the provenance of the claims held to the growth bound
-OURS_GROWTH = {"source": "ours",
-               "why": f"DeepNet shows the update growing with depth; the {GROWTH:g}x bound is "
-               "this suite's"}  # fmt: skip
+def quantities(data: pd.DataFrame) -> pd.DataFrame:
+    """runs.csv's rows and the two quantities the claims read that no job logs: `rising` per
+    warmup (under Post-LN's deepest update arm) and `final_loss` per loss arm (curves.final_loss:
+    a diverged job's at ln VOCAB)."""
+    depths, warmups = update_grid(data)
+    rows = [(_update_arm("post", depths[-1], w), seed, math.nan, "rising", v)
+            for w in warmups for seed, v in rising(data, depths, w).items()]  # fmt: skip
+    loss_arms = sorted(a for a in data["arm"].unique() if LOSS_ARM.match(a))
+    rows += [(a, seed, math.nan, "final_loss", v) for a in loss_arms
+             for seed, v in final_loss(data, a).items()]  # fmt: skip
+    return pd.concat([data, pd.DataFrame(rows, columns=data.columns)], ignore_index=True)
 
 
-def _update_claims(data: pd.DataFrame, depths: list[int], warmup: int) -> list[Claim]:
-    lo, hi = depths[0], depths[-1]
-    when = _warm_text(warmup)
-    early_text = f"early update = ||F(x,θ_t) - F(x,θ_0)|| after step {EARLY_STEP}"
-
-    def claim(text: str, paper: str, quantity: str, reads: list[tuple[str, int]], values=None,
-              **kw) -> Claim:  # fmt: skip
-        """A claim on the ratio of the first arm's early update to the second's (or on
-        `values`), on the log scale; `reads`: the (placement, depth) arms it reads."""
-        if values is None:
-            (a, d_a), (b, d_b) = reads
-            values = ratios(early(data, a, d_a, warmup), early(data, b, d_b, warmup))
-        arms = tuple(_update_arm(placement, d, warmup) for placement, d in reads)
-        return Claim(f"{when}: {text}", PAPER[paper], f"{quantity} ({early_text})", values,
-                     log=True, arms=arms, **kw)  # fmt: skip
-
-    # fmt: off
-    return [
-        claim(f"Post-LN's early update at depth {hi} is at least {GROWTH:g}x its update at depth "
-              f"{lo}", "post_grows", f"Post-LN's early update at depth {hi} / at depth {lo}",
-              [("post", hi), ("post", lo)], region=(GROWTH, ABOVE), **OURS_GROWTH),
-        claim(f"Post-LN's early update rises with depth ({', '.join(map(str, depths))})",
-              "post_grows", "the smallest ratio of Post-LN's early update between consecutive "
-              "depths", [("post", d) for d in depths], list(rising(data, depths, warmup)),
-              region=(1.0, ABOVE), source="paper"),
-        claim(f"DeepNorm's early update at depth {hi} is no larger than Post-LN's at depth {lo}",
-              "deepnorm_bounded", f"DeepNorm's early update at depth {hi} / Post-LN's at depth "
-              f"{lo}", [("deepnorm", hi), ("post", lo)], region=(BELOW, 1.0),
-              source="paper"),
-        claim(f"DeepNorm's early update at depth {hi} is at most {DEEPNORM_SHARE:g}x Post-LN's "
-              f"at depth {hi}", "deepnorm_bounded", f"DeepNorm's early update at depth {hi} / "
-              f"Post-LN's at depth {hi}", [("deepnorm", hi), ("post", hi)],
-              region=(BELOW, DEEPNORM_SHARE), source="ours",
-              why=f"DeepNet shows DeepNorm's update smaller; the {DEEPNORM_SHARE:g}x share is "
-              "this suite's"),
-        claim(f"DeepNorm's early update grows less than {GROWTH:g}x from depth {lo} to {hi} (the "
-              "bound does not depend on depth)", "deepnorm_bounded", f"DeepNorm's early update "
-              f"at depth {hi} / at depth {lo}", [("deepnorm", hi), ("deepnorm", lo)],
-              region=(BELOW, GROWTH), **OURS_GROWTH),
-    ]
-    # fmt: on
-
-
-def _loss_claim(data: pd.DataFrame, depth: int) -> Claim:
-    return Claim(
-        f"at depth {depth} DeepNorm reaches a lower val loss than Post-LN",
-        PAPER["deep_trains"],
-        f"Post-LN's final val loss minus DeepNorm's at depth {depth}, nats (a diverged job "
-        f"counts as ln {VOCAB} = {DIVERGED_LOSS:.3f})",
-        paired(final_loss(data, f"post/d{depth}"), final_loss(data, f"deepnorm/d{depth}")),
-        (0.0, ABOVE),
-        source="paper",
-        # the gates of DeepNorm's arm only: Post-LN failing to train is the paper's claim itself,
-        # not a defect of the run
-        arms=(f"deepnorm/d{depth}",),
-        final=True,
-    )
+def words(data: pd.DataFrame) -> dict:
+    """What the declared claims read from the data: the update grid's depths (the smallest and
+    largest), warmups and their words, the loss grid's deepest, model_update's lrs and depths."""
+    depths, warmups = update_grid(data)
+    return {"update_depth": depths, "lo": depths[0] if depths else "",
+            "hi": depths[-1] if depths else "", "warmup": warmups,
+            "when": [_warm_text(w) for w in warmups], "early_step": EARLY_STEP,
+            "loss_depth": loss_depths(data)[-1:], "diverged": f"ln {VOCAB} = {DIVERGED_LOSS:.3f}",
+            **deepnorm_slope.words(data)}  # fmt: skip
 
 
 def _styles(depths: list[int]) -> dict[int, str]:
@@ -300,14 +244,11 @@ def render(data: pd.DataFrame) -> Result:
     if depths:
         _early_panel(axes[1][0], data, depths, warmups)
     _loss_panel(axes[1][1], data, deep, styles)
-    claims = [c for w in warmups for c in _update_claims(data, depths, w)] if depths else []
-    if deep:
-        claims.append(_loss_claim(data, deep[-1]))
+    claims = declared.build("deepnorm_depth", quantities(data), words(data))
     notes, found = _notes(data, depths, warmups, deep), []
     if slope_arms:
         deepnorm_slope.depth_panel(axes[2][0], data)
         deepnorm_slope.ratio_panel(axes[2][1], data)
-        claims += deepnorm_slope.claims(data)
         notes[-1:-1] = deepnorm_slope.notes(data)  # before the note on scale
         found = deepnorm_slope.found_gates(data)
     found += gates.gates(data, sorted(a for a in data["arm"].unique() if LOSS_ARM.match(a)))

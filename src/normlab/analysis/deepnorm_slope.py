@@ -3,12 +3,13 @@
 F is the blocks (experiment=deepnorm_model_update, callbacks.update_norm.blocks): their output
 on the stream that entered the first block at init, so that neither the embedding's own change
 nor the head counts. The quantity is relative, ||F(x, θ_1) - F(x, θ_0)|| / ||F(x, θ_0)||, after
-one AdamW step without warmup, per lr. The claims: the log-log slope of the update against
-depth (per seed, least squares over the depths) for Post-LN and for DeepNorm, and DeepNorm's
-update over Post-LN's at each depth. Post-LN's and DeepNorm's blocks end in a LayerNorm, so the
-output of every token has norm sqrt(d_model): a relative update of 1 means the output turned by
-60 degrees (an output unrelated to the first reads sqrt(2), the most is 2). At or above CEILING
-an arm is saturated, and the not-saturated gate makes the claims reading it invalid.
+one AdamW step without warmup, per lr. The claims (conf/reproduce/deepnorm_depth.yaml's, the
+`each: {lr: from_data}` group): the log-log slope of the update against depth (per seed, least
+squares over the depths) for Post-LN and for DeepNorm, and DeepNorm's update over Post-LN's at
+each depth. Post-LN's and DeepNorm's blocks end in a LayerNorm, so the output of every token
+has norm sqrt(d_model): a relative update of 1 means the output turned by 60 degrees (an output
+unrelated to the first reads sqrt(2), the most is 2). At or above CEILING an arm is saturated,
+and the not-saturated gate makes the claims reading it invalid.
 """
 
 from __future__ import annotations
@@ -17,29 +18,15 @@ import math
 import re
 
 import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
 
 from normlab.analysis import gates
 from normlab.analysis.logs import Run
-from normlab.analysis.report import Claim
-from normlab.analysis.stats import ABOVE, BELOW, Interval
+from normlab.analysis.stats import Interval
 from normlab.tables import markdown_table
 
-PAPER = {
-    "post_grows": "Sec. 4.2 (Thm. 4.2): for vanilla Post-LN "
-    "||∆F|| = O(Σ_{i=1}^{2N} ||θ*_i − θ_i||), "
-    '"the model tends to accumulate the update of each sub-layer, which leads to exploding '
-    'magnitude of model\'s update"; Sec. 4.2 on Fig. 5: "fast growth of the magnitude regarding '
-    'the model depth"',
-    "smaller": 'Fig. 5 (6L-6L to 100L-100L): "DEEPNET has much smaller and more stable updates '
-    'than Post-LN"',
-    "bounded": 'Sec. 4.3: "the expected model updates for DEEPNET can be bounded by a constant"; '
-    'its GOAL: "updated by Θ(η) per SGD step after initialization"',
-}
 STEP = 1  # the update after this many steps: the paper's "per SGD step after initialization"
 CEILING = 1.0  # relative update at which the blocks' output is saturated (module docstring)
-FLAT_SLOPE = 0.25  # DeepNorm "bounded": log-log slope below this (x2.0 from depth 6 to 100)
 PREFIX = "model_update"
 ARM = re.compile(rf"^{PREFIX}/(?P<placement>\w+)/d(?P<depth>\d+)/lr(?P<lr>[0-9.eE+-]+)$")
 METRICS = {"update/blocks": "blocks", "update/model": "whole model"}
@@ -107,66 +94,8 @@ def at_step(
     return pd.DataFrame(cols)
 
 
-def slopes(table: pd.DataFrame) -> pd.Series:
-    """{seed: least-squares slope of log(update) on log(depth)}, over the seeds with every depth."""
-    full = table.dropna()
-    if full.shape[1] < 2:
-        return pd.Series(dtype=float)
-    x = np.log(np.asarray(table.columns, dtype=float))
-    return full.apply(lambda r: float(np.polyfit(x, np.log(r.to_numpy(float)), 1)[0]), axis=1)
-
-
 def _lr_text(lr: float) -> str:
     return f"lr {lr:g}"
-
-
-def _slope_claims(data: pd.DataFrame, depths: list[int], lr: float) -> list[Claim]:
-    post, deep = (
-        slopes(at_step(data, "post", depths, lr)),
-        slopes(at_step(data, "deepnorm", depths, lr)),
-    )
-    span = f"depths {', '.join(map(str, depths))}"
-    what = (
-        f"the least-squares slope of log(relative update of the blocks after step {STEP}) on "
-        f"log(depth) over {span}, {_lr_text(lr)}"
-    )
-    by = {p: tuple(arm(p, d, lr) for d in depths) for p in PLACEMENTS}
-    both = pd.concat([post, deep], axis=1, keys=["p", "d"]).dropna()
-    return [
-        Claim(
-            f"{_lr_text(lr)}: Post-LN's model update grows with depth (log-log slope > 0)",
-            PAPER["post_grows"],
-            f"Post-LN's {what}",
-            list(post),
-            (0.0, ABOVE),
-            source="paper",
-            arms=by["post"],
-            ceiling_against=by["post"],  # a capped update understates Post-LN's slope
-        ),
-        Claim(
-            f"{_lr_text(lr)}: DeepNorm's model update grows less with depth than Post-LN's "
-            "(slope difference > 0)",
-            PAPER["smaller"],
-            f"Post-LN's slope minus DeepNorm's ({what})",
-            list(both["p"] - both["d"]),
-            (0.0, ABOVE),
-            source="paper",
-            arms=by["post"] + by["deepnorm"],
-            ceiling_against=by["post"],  # a capped Post-LN update understates the difference
-        ),
-        Claim(
-            f"{_lr_text(lr)}: DeepNorm's model update is bounded in depth (log-log slope < "
-            f"{FLAT_SLOPE:g})",
-            PAPER["bounded"],
-            f"DeepNorm's {what}",
-            list(deep),
-            (BELOW, FLAT_SLOPE),
-            source="ours",
-            arms=by["deepnorm"],
-            why=f"the paper gives no tolerance for 'a constant'; a slope of {FLAT_SLOPE:g} is "
-            f"at most {(100 / 6) ** FLAT_SLOPE:.1f}x from depth 6 to 100",
-        ),
-    ]
 
 
 def ratio(data: pd.DataFrame, depth: int, lr: float) -> list[float]:
@@ -179,29 +108,11 @@ def ratio(data: pd.DataFrame, depth: int, lr: float) -> list[float]:
     return list(both["d"] / both["p"])
 
 
-def _ratio_claim(data: pd.DataFrame, depth: int, lr: float) -> Claim:
-    return Claim(
-        f"{_lr_text(lr)}, depth {depth}: DeepNorm's model update is smaller than Post-LN's",
-        PAPER["smaller"],
-        f"DeepNorm's relative update of the blocks after step {STEP} / Post-LN's, depth {depth}, "
-        f"{_lr_text(lr)}",
-        ratio(data, depth, lr),
-        (BELOW, 1.0),
-        log=True,
-        source="paper",
-        arms=(arm("post", depth, lr), arm("deepnorm", depth, lr)),
-        ceiling_against=(arm("post", depth, lr),),  # a capped Post-LN update raises the ratio
-    )
-
-
-def claims(data: pd.DataFrame) -> list[Claim]:
-    """Per lr: the two slopes, their difference, and the ratio at each depth."""
+def words(data: pd.DataFrame) -> dict:
+    """What conf/reproduce/deepnorm_depth.yaml's model_update claims read from the data: its
+    lrs (as the arms name them), depths, and the step the update is read after."""
     depths, lrs = grid(data)
-    out: list[Claim] = []
-    for lr in lrs:
-        out += _slope_claims(data, depths, lr)
-        out += [_ratio_claim(data, d, lr) for d in depths]
-    return out
+    return {"lr": [f"{lr:g}" for lr in lrs], "depth": depths, "step": STEP}
 
 
 def found_gates(data: pd.DataFrame) -> list[gates.Gate]:

@@ -19,7 +19,6 @@ import json
 import math
 import subprocess
 import sys
-from itertools import combinations
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -28,15 +27,16 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from normlab import fid_train, layout
+from normlab.analysis import claims as declared
 from normlab.analysis import gates
 from normlab.analysis.curves import metric
 from normlab.analysis.logs import Run
-from normlab.analysis.report import Claim, Result
-from normlab.analysis.stats import ABOVE, Interval
+from normlab.analysis.report import Result
+from normlab.analysis.stats import Interval
 from normlab.analysis.sweep import job_threads, threads_env
 
-# ----- the paper's numbers (DiT Table 4: XL/2, 400K steps, FID-50K on ImageNet 256, no cfg) ----
-PAPER_FID = {"adaln_zero": 19.47, "adaln": 25.21, "cross_attn": 26.14, "in_context": 35.24}
+# the claims: conf/reproduce/dit_conditioning.yaml's claims: (the paper's numbers with them),
+# built by normlab.analysis.claims
 NAMES = {
     "adaln_zero": "adaLN-Zero",
     "adaln": "adaLN",
@@ -48,7 +48,6 @@ PAIR = ("adaln_zero", "adaln")  # the deeper DiT's comparison
 DEEP = "deep/"  # the deep grid's arms: deep/<conditioning>
 FID = "val/fid_lenet"
 RESAMPLE_FILE = "fid_resample.json"  # in a run dir: its checkpoint scored on other noise
-TIE = "tie (within noise)"
 
 # runs.csv metrics
 FINAL_FID, RESAMPLED_FID = "final/fid_lenet", "resampled/fid_lenet"
@@ -234,60 +233,36 @@ def _by_seed(data: pd.DataFrame, better: str, worse: list[str], name: str) -> pd
     return table.iloc[:, 1:].min(axis=1) - table.iloc[:, 0]
 
 
-def _gaps(data: pd.DataFrame, better: str, worse: list[str], name: str) -> list[float]:
-    """Per seed, in seed order: `_by_seed`'s gaps."""
-    return list(_by_seed(data, better, worse, name))
+def quantities(data: pd.DataFrame) -> pd.DataFrame:
+    """runs.csv's rows and the gaps the declared claims read (`_by_seed`'s, per seed): under
+    adaln_zero, lowest_gap/* (the other three's smallest minus adaLN-Zero's); under each depth's
+    adaLN-Zero arm, gain/fid_lenet (adaLN's minus adaLN-Zero's)."""
+    zero, others = "adaln_zero", [c for c in NAMES if c != "adaln_zero"]
+    gaps = {(zero, f"lowest_gap/{name.split('/')[-1]}"): _by_seed(data, zero, others, name)
+            for name in (FINAL_FID, FINAL_LOSS)}  # fmt: skip
+    for better, worse in (PAIR, tuple(DEEP + c for c in PAIR)):
+        gaps[better, "gain/fid_lenet"] = _by_seed(data, better, [worse], FINAL_FID)
+    rows = [(a, seed, math.nan, name, v) for (a, name), gap in gaps.items()
+            for seed, v in gap.items()]  # fmt: skip
+    return pd.concat([data, pd.DataFrame(rows, columns=data.columns)], ignore_index=True)
 
 
-def _rank_claims(data: pd.DataFrame) -> list[Claim]:
-    """Each pair in the paper's order: the paper's better arm has the lower fid_lenet."""
-    order = sorted(PAPER_FID, key=PAPER_FID.get)
-    return [
-        Claim(
-            f"{NAMES[b]}'s fid_lenet is lower than {NAMES[w]}'s",
-            f"FID-50K {PAPER_FID[b]} vs {PAPER_FID[w]}",
-            f"{NAMES[w]}'s fid_lenet minus {NAMES[b]}'s (same seed)",
-            _gaps(data, b, [w], FINAL_FID),
-            (0.0, ABOVE),
-            undecided=TIE,
-            source="paper",
-            arms=(b, w),
-            final=True,
+def words(data: pd.DataFrame) -> dict:
+    """The declared claims' words from the data: the deep grid's depth (where it ran), the
+    4-block pair's, and why the two depths are not comparable (their norms' eps), if they are
+    not."""
+    deep = [DEEP + c for c in PAIR]
+    eps = {setting(data, [a], "config/norm_eps") for a in (*PAIR, *deep)}  # '?': not recorded
+    apart = ""
+    if "?" in eps:
+        apart = "not comparable: an arm's runs do not record the norms' eps (rerun its grid)"
+    elif len(eps) > 1:
+        apart = (
+            f"not comparable: the norms' eps differ between the arms ({' vs '.join(sorted(eps))})"
         )
-        for b, w in combinations(order, 2)
-    ]
-
-
-def _best_claims(data: pd.DataFrame) -> list[Claim]:
-    """adaLN-Zero best of four by fid_lenet (the paper's measure) and by val loss (ours)."""
-    others = [c for c in NAMES if c != "adaln_zero"]
-    return [
-        Claim(
-            "adaLN-Zero's fid_lenet is the lowest of the four",
-            f"adaLN-Zero {PAPER_FID['adaln_zero']}, next best {sorted(PAPER_FID.values())[1]}",
-            "the smallest of the other three's fid_lenet minus adaLN-Zero's (same seed)",
-            _gaps(data, "adaln_zero", others, FINAL_FID),
-            (0.0, ABOVE),
-            undecided=TIE,
-            source="paper",
-            arms=tuple(NAMES),
-            final=True,
-        ),
-        Claim(
-            "second measure, not the paper's: adaLN-Zero's final val loss is the lowest of the "
-            "four",
-            "the paper reports FID only",
-            "the smallest of the other three's final val loss (EMA weights) minus adaLN-Zero's "
-            "(same seed)",
-            _gaps(data, "adaln_zero", others, FINAL_LOSS),
-            (0.0, ABOVE),
-            undecided=TIE,
-            source="ours",
-            why="a second measure: the paper reports FID only",
-            arms=tuple(NAMES),
-            final=True,
-        ),
-    ]
+    ran = any(a in set(data["arm"]) for a in deep)
+    return {"depth": [setting(data, deep, DEPTH)] if ran else [],
+            "shallow": setting(data, list(PAIR), DEPTH), "apart": apart}  # fmt: skip
 
 
 def setting(data: pd.DataFrame, arms: list[str], name: str) -> str:
@@ -382,65 +357,6 @@ def _figure(data: pd.DataFrame, arms: list[str], deep: list[str]) -> plt.Figure:
     return fig
 
 
-def _deep_claims(data: pd.DataFrame) -> list[Claim]:
-    """adaLN-Zero against adaLN in the deeper DiT (the paper's measure and ours), and whether
-    adaLN-Zero's gain over adaLN grows from the 4-block pair to the deep one (ours)."""
-    deep = tuple(DEEP + c for c in PAIR)
-    depth, shallow = setting(data, list(deep), DEPTH), setting(data, list(PAIR), DEPTH)
-    gain = {d: _by_seed(data, better, [worse], FINAL_FID)
-            for d, (better, worse) in ((shallow, PAIR), (depth, deep))}  # fmt: skip
-    both = pd.concat(gain.values(), axis=1).dropna()
-    eps = {setting(data, [a], "config/norm_eps") for a in (*PAIR, *deep)}  # '?': not recorded
-    apart = ""
-    if "?" in eps:
-        apart = "not comparable: an arm's runs do not record the norms' eps (rerun its grid)"
-    elif len(eps) > 1:
-        apart = (
-            f"not comparable: the norms' eps differ between the arms ({' vs '.join(sorted(eps))})"
-        )
-    return [
-        Claim(
-            f"in a DiT of {depth} blocks, adaLN-Zero's fid_lenet is lower than adaLN's",
-            f"FID-50K {PAPER_FID['adaln_zero']} vs {PAPER_FID['adaln']} (XL/2, 28 blocks)",
-            "adaLN's fid_lenet minus adaLN-Zero's (same seed)",
-            _gaps(data, deep[0], [deep[1]], FINAL_FID),
-            (0.0, ABOVE),
-            undecided=TIE,
-            arms=deep,
-            final=True,
-            source="paper",
-        ),
-        Claim(
-            f"second measure, not the paper's: in a DiT of {depth} blocks, adaLN-Zero's final "
-            "val loss is lower than adaLN's",
-            "the paper reports FID only",
-            "adaLN's final val loss (EMA weights) minus adaLN-Zero's (same seed)",
-            _gaps(data, deep[0], [deep[1]], FINAL_LOSS),
-            (0.0, ABOVE),
-            undecided=TIE,
-            arms=deep,
-            final=True,
-            source="ours",
-            why="a second measure: the paper reports FID only",
-        ),
-        Claim(
-            f"adaLN-Zero's fid_lenet gain over adaLN grows with depth ({shallow} to {depth} "
-            "blocks)",
-            "the paper compares at one depth (XL/2, 28 blocks)",
-            f"(adaLN minus adaLN-Zero fid_lenet at {depth} blocks) minus (the same at {shallow} "
-            "blocks), seeds paired",
-            list(both.iloc[:, 1] - both.iloc[:, 0]),
-            (0.0, ABOVE),
-            arms=PAIR + deep,
-            final=True,
-            source="ours",
-            why="DiT argues that adaLN-Zero helps by starting each block as the identity (Sec. "
-            "3.2), which should matter more as blocks stack; it measures one depth only",
-            precluded=apart,
-        ),
-    ]
-
-
 def render(data: pd.DataFrame) -> Result:
     """fid_lenet per arm (seeds, mean and CI, resampled sets) at each depth and val loss
     curves; the four-way claims, and the deep pair's where its grid ran."""
@@ -448,10 +364,7 @@ def render(data: pd.DataFrame) -> Result:
     arms = [c for c in NAMES if c in present]
     deep = [DEEP + c for c in PAIR if DEEP + c in present]
     fig = _figure(data, arms, deep)
-    best_fid, best_loss = _best_claims(data)
-    claims = [best_fid, *_rank_claims(data), best_loss]
-    if deep:
-        claims += _deep_claims(data)
+    claims = declared.build("dit_conditioning", quantities(data), words(data))
     return Result(fig, claims, _notes(data, arms + deep), gates.gates(data, arms + deep))
 
 

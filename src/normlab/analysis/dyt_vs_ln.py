@@ -1,4 +1,4 @@
-# Over 400 lines: one paper's extraction, LN-map measurement and tanh fits, claims, figure
+# Over 400 lines: one paper's extraction, LN-map measurement and tanh fits, claims' words, figure
 """dyt_vs_ln: Zhu, Chen, He, LeCun & Liu 2025, "Transformers without Normalization".
 
 Three grids, every arm over seeds and paired by seed (a seed sets the init of the weights the arms
@@ -36,11 +36,12 @@ import pandas as pd
 from omegaconf import OmegaConf
 from scipy.optimize import curve_fit
 
+from normlab.analysis import claims as declared
 from normlab.analysis import gates
 from normlab.analysis.curves import diverged_seeds, final_loss, metric, seed_curves, val_loss_rows
 from normlab.analysis.logs import Run
-from normlab.analysis.report import Claim, Result
-from normlab.analysis.stats import BELOW, Interval
+from normlab.analysis.report import Result
+from normlab.analysis.stats import Interval
 
 if TYPE_CHECKING:  # torch loads only where the LN maps are measured
     import torch
@@ -54,16 +55,8 @@ NORMS = {"layernorm": "LayerNorm", "dyt": "DyT", "rmsnorm": "RMSNorm"}
 RECIPE = f"{GPT}/dyt_recipe"  # DyT with the authors' LLaMA recipe at the pilot's best alpha0s
 RECIPE_LABEL = "DyT, LLaMA recipe"
 PILOT_ARM = re.compile(r"^pilot/a(?P<attn>[\d.]+)_f(?P<ffn>[\d.]+)$")
-# ----- the paper's numbers, quoted ------------------------------------------------------------
-PAPER = {
-    "gpt": "LLaMA 7B/13B/34B/70B training loss, RMSNorm vs DyT: 1.59/1.53/1.48/1.45 vs "
-    "1.60/1.54/1.48/1.45 (a gap of at most 0.01)",
-    "dit": "DiT-B/4, L/4, XL/2 FID, LN vs DyT: 64.9, 45.9, 19.9 vs 63.9, 45.7, 20.8 (DyT/LN "
-    "0.98-1.05)",
-    "tanh": "Figs. 2-4: LN's input-output map is mostly linear in early layers and tanh-like "
-    "(S-shaped) in deeper ones (no number)",
-}
-# ----- margins of the rules -------------------------------------------------------------------
+# ----- the claims: conf/reproduce/dyt_vs_ln.yaml's claims:, built by normlab.analysis.claims; its
+# bands are these (the figure and notes draw them) -----------------------------------------------
 LOSS_MARGIN = 0.05  # nats, as rmsnorm_quality's "comparable" (same GPT, same 600 steps)
 FID_MARGIN = 0.10  # "matches" = fid_lenet ratio within [1 - this, 1 + this]
 TANH_GAIN = 0.5  # tanh-like: a fitted tanh leaves at most this share of a line's unexplained var
@@ -265,10 +258,6 @@ def _final(data: pd.DataFrame, a: str, name: str) -> pd.Series:
     return metric(data, a, name).set_index("seed")["value"].sort_index()
 
 
-def _paired(x: pd.Series, y: pd.Series) -> pd.DataFrame:
-    return pd.concat([x, y], axis=1, keys=["x", "y"]).dropna()
-
-
 def ln_fits(data: pd.DataFrame) -> pd.DataFrame:
     """Per (seed, layer): depth, r2_line, r2_tanh and the unexplained-variance ratio
     u = (1 - r2_tanh) / (1 - r2_line) of the LayerNorm GPTs' LN maps."""
@@ -283,23 +272,22 @@ def ln_fits(data: pd.DataFrame) -> pd.DataFrame:
     return table.reset_index(drop=True)
 
 
-def _tanh_values(fits: pd.DataFrame) -> tuple[list[float], list[float], int, int]:
-    """Per seed: the geometric mean of u over the deeper half of the LN layers (blocks depth/2
-    and on, and the final norm), and that over the first LN layer's u."""
-    deep, ratio = [], []
+def _tanh_values(fits: pd.DataFrame) -> tuple[dict, dict, int]:
+    """{seed: the geometric mean of u over the deeper half of the LN layers (blocks depth/2 and
+    on, and the final norm)}, {seed: that over the first LN layer's u} (NaN where a seed's maps
+    are incomplete), and the first deeper layer."""
+    deep, ratio = {}, {}
     n_layers = int(fits["depth"].max()) + 1 if len(fits) else 0
     first_deep = n_layers // 2  # 2 norms a block + the final: the deeper half and the final
-    for _, g in fits.groupby("seed"):
+    for seed, g in fits.groupby("seed"):
         g = g.sort_values("depth")
         u = g["u"].to_numpy()
         if len(u) != n_layers or not np.all(np.isfinite(u)) or np.any(u <= 0):
-            deep.append(math.nan)
-            ratio.append(math.nan)
+            deep[seed] = ratio[seed] = math.nan
             continue
-        d = float(np.exp(np.log(u[first_deep:]).mean()))
-        deep.append(d)
-        ratio.append(d / float(u[0]))
-    return deep, ratio, n_layers, first_deep
+        deep[seed] = float(np.exp(np.log(u[first_deep:]).mean()))
+        ratio[seed] = deep[seed] / float(u[0])
+    return deep, ratio, first_deep
 
 
 def _gpt_arms(data: pd.DataFrame) -> dict[str, str]:
@@ -314,49 +302,62 @@ def _gpt_arms(data: pd.DataFrame) -> dict[str, str]:
     return arms
 
 
-def _claims(data: pd.DataFrame) -> list[Claim]:
-    claims = []
-    ln = final_loss(data, f"{GPT}/layernorm")
-    rms = final_loss(data, f"{GPT}/rmsnorm")
-    for a, name in _gpt_arms(data).items():
-        mine = final_loss(data, a)
-        for base, base_name in ((ln, "LayerNorm"), (rms, "RMSNorm")):
-            claims.append(_loss_claim("GPT", name, mine, base_name, base,
-                                      (a, f"{GPT}/{base_name.lower()}"), ""))  # fmt: skip
-    claims += _dit_claims(data, DIT) + _dit_claims(data, DIT_LONG)
-    return claims + _long_claims(data) + _tanh_claims(data)
+def claims(data: pd.DataFrame) -> list:
+    """conf/reproduce/dyt_vs_ln.yaml's claims, on runs.csv's rows."""
+    return declared.build("dyt_vs_ln", quantities(data), words(data))
 
 
-def _dit_claims(data: pd.DataFrame, grid: str) -> list[Claim]:
-    """Each DiT arm of a grid (RMSNorm aside) against LayerNorm's fid_lenet, paired by seed;
-    the dit_long grid's claims name its steps."""
-    base, norms = f"{grid}/layernorm", arms_of(data, grid)
-    if not norms:
-        return []
-    where, after = "DiT", ""
-    if grid != DIT and "layernorm" in norms:  # the steps LayerNorm, the base, trained
-        steps = f"{_steps(data, base):,} steps"
-        where, after = f"DiT, {steps}", f", after {steps}"
-    dit_ln, claims = _final(data, base, "final/fid_lenet"), []
-    for norm in norms:
-        if norm in ("layernorm", "rmsnorm"):
-            continue
-        pair = _paired(_final(data, f"{grid}/{norm}", "final/fid_lenet"), dit_ln)
-        claims.append(Claim(
-            f"{where}: {label(norm)}'s fid_lenet is within +-{FID_MARGIN:.0%} of LayerNorm's",
-            PAPER["dit"],
-            f"{label(norm)}'s val/fid_lenet / LayerNorm's (same seed){after}"
-            + _left_out(data, (f"{grid}/{norm}", base)),
-            list(pair["x"] / pair["y"]),
-            (1 - FID_MARGIN, 1 + FID_MARGIN),
-            log=True,
-            source="ours",
-            why=f"the paper reports matching FID; the +-{FID_MARGIN:.0%} band is ours",
-            arms=(f"{grid}/{norm}", base),
-            final=True,
-            untrained_answers=(f"{grid}/{norm}",),  # not training is not matching LayerNorm
-        ))  # fmt: skip
-    return claims
+def quantities(data: pd.DataFrame) -> pd.DataFrame:
+    """runs.csv's rows and the quantities the declared claims read that no job logs: each arm's
+    final_loss (curves.final_loss: a diverged job's at ln VOCAB) and the LayerNorm GPT's tanh/*
+    per seed (`_tanh_values`)."""
+    losses = sorted(data.loc[data["metric"] == "final/val_loss", "arm"].unique())
+    rows = [(a, seed, math.nan, "final_loss", v) for a in losses
+            for seed, v in final_loss(data, a).items()]  # fmt: skip
+    deep, ratio, _ = _tanh_values(ln_fits(data))
+    rows += [(f"{GPT}/layernorm", seed, math.nan, f"tanh/{name}", v)
+             for name, values in (("deeper", deep), ("ratio", ratio))
+             for seed, v in values.items()]  # fmt: skip
+    return pd.concat([data, pd.DataFrame(rows, columns=data.columns)], ignore_index=True)
+
+
+def words(data: pd.DataFrame) -> dict:
+    """What the declared claims read from the data: the GPT arms held against LayerNorm and
+    RMSNorm, each DiT grid's (`_dit_words`), the long grids' bases that ran and their steps,
+    and the LN maps' deeper layers."""
+    gpt = _gpt_arms(data)
+    mine = final_loss(data, f"{LONG}/dyt_recipe")
+    bases = [
+        (f"{LONG}/{b}", name)
+        for b, name in (("layernorm", "LayerNorm"), ("rmsnorm", "RMSNorm"))
+        if not (mine.empty or final_loss(data, f"{LONG}/{b}").empty)
+    ]
+    deeper = _tanh_values(ln_fits(data))[2] // 2  # the first deeper layer's block
+    return {"gpt_arm": list(gpt), "gpt_name": list(gpt.values()),
+            **_dit_words(data), "recipe": RECIPE_LABEL,
+            "long_base": [b for b, _ in bases], "long_name": [n for _, n in bases],
+            "long_steps": [f"{_steps(data, b):,}" for b, _ in bases], "windows": WINDOWS,
+            "deeper": f"the LN layers from block {deeper} on and the final norm"}  # fmt: skip
+
+
+def _dit_words(data: pd.DataFrame) -> dict[str, list[str]]:
+    """Each DiT arm of the dit, then the dit_long grid (RMSNorm aside), held against its grid's
+    LayerNorm: the arm, the base, its name, where (the dit_long grid's with its steps), and its
+    diverged seeds left out."""
+    out: dict[str, list[str]] = {k: [] for k in ("dit_arm", "dit_base", "dit_name", "dit_where",
+                                                 "dit_after", "dit_left_out")}  # fmt: skip
+    for grid in (DIT, DIT_LONG):
+        base, norms = f"{grid}/layernorm", arms_of(data, grid)
+        where, after = "DiT", ""
+        if grid != DIT and "layernorm" in norms:  # the steps LayerNorm, the base, trained
+            steps = f"{_steps(data, base):,} steps"
+            where, after = f"DiT, {steps}", f", after {steps}"
+        for norm in (n for n in norms if n not in ("layernorm", "rmsnorm")):
+            arm = f"{grid}/{norm}"
+            values = (arm, base, label(norm), where, after, _left_out(data, (arm, base)))
+            for key, v in zip(out, values, strict=True):
+                out[key].append(v)
+    return out
 
 
 def _left_out(data: pd.DataFrame, arms: tuple[str, ...]) -> str:
@@ -372,75 +373,6 @@ def _steps(data: pd.DataFrame, arm: str, *, grid: bool = False) -> int | None:
     picked = data["arm"].str.startswith(arm + "/") if grid else data["arm"] == arm
     x = data.loc[picked & (data["metric"] == "val/loss"), "x"]
     return int(x.max()) if len(x) else None
-
-
-def _long_claims(data: pd.DataFrame) -> list[Claim]:
-    """The recipe against LayerNorm and RMSNorm (the paper's LLaMA baseline) in the long grids
-    (where the 600-step arms had not plateaued): a claim per base that ran."""
-    mine, claims = final_loss(data, f"{LONG}/dyt_recipe"), []
-    for base, base_name in (("layernorm", "LayerNorm"), ("rmsnorm", "RMSNorm")):
-        ref = final_loss(data, f"{LONG}/{base}")
-        if ref.empty or mine.empty:
-            continue
-        steps = _steps(data, f"{LONG}/{base}")
-        claims.append(_loss_claim(f"GPT, {steps:,} steps", RECIPE_LABEL, mine, base_name, ref,
-                                  (f"{LONG}/dyt_recipe", f"{LONG}/{base}"),
-                                  f", after {steps:,} steps"))  # fmt: skip
-    return claims
-
-
-def _loss_claim(where: str, name: str, mine: pd.DataFrame, base_name: str, base: pd.DataFrame,
-                arms: tuple[str, str], after: str) -> Claim:  # fmt: skip
-    """`name`'s final val loss within +-LOSS_MARGIN nats of `base_name`'s, paired by seed."""
-    pair = _paired(mine, base)
-    return Claim(
-        f"{where}: {name}'s final val loss is within +-{LOSS_MARGIN:g} nats of {base_name}'s",
-        PAPER["gpt"],
-        f"{name}'s final val loss minus {base_name}'s (same seed), nats{after}",
-        list(pair["x"] - pair["y"]),
-        (-LOSS_MARGIN, LOSS_MARGIN),
-        source="ours",
-        why=f"the paper reports matching loss; the +-{LOSS_MARGIN:g}-nat band is ours",
-        arms=arms,
-        final=True,
-        untrained_answers=arms[:1],  # a norm that does not train is not within the band
-    )
-
-
-def _tanh_claims(data: pd.DataFrame) -> list[Claim]:
-    """LayerNorm's input-output map in the trained GPT: tanh-like, more so in deeper layers."""
-    deep, ratio, n_layers, first_deep = _tanh_values(ln_fits(data))
-    deeper = f"the LN layers from block {first_deep // 2} on and the final norm"
-    arms = (f"{GPT}/layernorm",)  # the trained LayerNorm GPTs whose maps ln_fits reads
-    return [
-        Claim(
-            f"in the trained LayerNorm GPT, a fitted tanh leaves at most {TANH_GAIN:g} of the "
-            f"variance a line leaves unexplained in LN's input-output map ({deeper})",
-            PAPER["tanh"],
-            "u = (1 - R^2 of a fitted tanh a*tanh(b*x+c)+d) / (1 - R^2 of a fitted line), over "
-            f"every (input, output before the affine) pair of {WINDOWS} validation batches, "
-            f"geometric mean over {deeper}",
-            deep,
-            (BELOW, TANH_GAIN),
-            log=True,
-            source="ours",
-            why="the paper shows the maps S-shaped (Fig. 2); the fitted-tanh measure and its "
-            "bound are this suite's",
-            arms=arms,
-        ),
-        Claim(
-            "the S-shape grows with depth: the tanh's gain over a line is larger in the deeper "
-            "LN layers than in the first (u deeper / u first < 1)",
-            PAPER["tanh"],
-            "the geometric mean of u over the deeper layers / u of the first LN layer (block "
-            "0's attention norm, on the embeddings)",
-            ratio,
-            (BELOW, 1.0),
-            log=True,
-            source="paper",
-            arms=arms,
-        ),
-    ]
 
 
 def _gpt_panel(ax: plt.Axes, data: pd.DataFrame) -> None:
@@ -663,4 +595,4 @@ def render(data: pd.DataFrame) -> Result:
     ]
     grids = tuple(g + "/" for g in (GPT, PILOT, LONG, *DITS))
     arms = sorted(a for a in data["arm"].unique() if a.startswith(grids))
-    return Result(fig, _claims(data), notes, gates.gates(data, arms))
+    return Result(fig, claims(data), notes, gates.gates(data, arms))
