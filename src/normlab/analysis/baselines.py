@@ -132,8 +132,19 @@ def pending(slots: list[card.Slot], norm: str, policy: str, today: str,
             mine = jobs[jobs["arm"] == arm]
             base = Baseline(s.title, s.reproduction, b, arm, _versions(mine), today, "read", "")
             stale = mine[mine["code_version"].astype(str) != today]
-            out.append(_first_call(base, s, stale, runs, policy))
+            out.append(_feasible(_first_call(base, s, stale, runs, policy)))
     return out
+
+
+def _feasible(b: Baseline) -> Baseline:
+    """An arm to retrain that a card cannot run alone (its grid's arms are a template over the
+    grid's swept keys, which `--grids` cannot select one of) is read as committed, saying so."""
+    if b.action != "retrain" or retrainable(b.reproduction, b.arm):
+        return b
+    return replace(b, action="read", how=f"{b.how}; cannot retrain", why=(
+        f"{b.why}; a card cannot run this arm alone (its grid's arms are a template): read as "
+        f"committed; retrain it with python scripts/reproduce.py {b.reproduction} --grids GRID"
+    ))  # fmt: skip
 
 
 def _first_call(base: Baseline, slot: card.Slot, stale: pd.DataFrame, runs: pd.DataFrame,
@@ -142,11 +153,6 @@ def _first_call(base: Baseline, slot: card.Slot, stale: pd.DataFrame, runs: pd.D
         return replace(base, how="same version")
     if policy == "reuse":
         return replace(base, how="--reuse-baselines", why="read unchecked")
-    if not retrainable(base.reproduction, base.arm):
-        return replace(base, how="cannot retrain", why=(
-            "its grid's arms are a template a card cannot run one of: read as committed "
-            f"(retrain it: python scripts/reproduce.py {base.reproduction} --grids GRID)"
-        ))  # fmt: skip
     if policy == "retrain":
         return replace(base, action="retrain", how="--retrain-baselines", why="retrained as asked")
     why = _unreplayable(slot, stale, runs)
@@ -229,7 +235,7 @@ def check(b: Baseline, slot: card.Slot, figures: Path, runner: Runner) -> Baseli
 
 
 def settle(decided: list[Baseline], slots: list[card.Slot], norm: str, figures: Path,
-           quick: bool = False, runner: Runner = run_replay,
+           quick: bool = False, runner: Runner | None = None,
            log: Callable[[str], None] = print) -> list[Baseline]:  # fmt: skip
     """The arms still to check replayed (check); every arm's line logged as it is settled, then
     the time the arms a replay sends to retraining add."""
@@ -237,7 +243,7 @@ def settle(decided: list[Baseline], slots: list[card.Slot], norm: str, figures: 
     out = []
     for b in decided:
         if b.action == "replay":
-            b = check(b, by_title[b.slot], figures, runner)
+            b = _feasible(check(b, by_title[b.slot], figures, runner or run_replay))
         log(b.line(norm))
         out.append(b)
     more = [b for b in out if b.action == "retrain" and b.how.startswith("replay")]
