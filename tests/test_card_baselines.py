@@ -141,8 +141,8 @@ def test_a_slot_without_a_replay_retrains_and_a_template_arm_is_read_saying_so(f
     assert not baselines.retrainable("ln_placement", "init/post/d12")  # a template's arm
 
 
-def test_a_card_runs_the_arms_to_retrain_beside_the_norm_and_tables_them(figures, tmp_path,
-                                                                         monkeypatch, capsys):  # fmt: skip
+def test_a_card_retrains_an_arm_beside_the_norm_and_tables_it(figures, tmp_path, monkeypatch,
+                                                               capsys):  # fmt: skip
     """card --norm X --slots bn_lenet: a baseline whose replay differs runs in the slot's grids
     beside the norm's (into NAME+X); the estimate comes first; the md tables every arm."""
     rc = importlib.import_module("normlab.analysis.report_card")

@@ -4,6 +4,8 @@
                                      [--budget quick|card] [--jobs N] [--threads N]
                                      [--slots NAME,..]   # only these reproductions' slots
                                      [--decide]  # on to the seeds undecided verdicts plan
+                                     [--retrain-baselines | --reuse-baselines]  # stale ones:
+                                     # (default: replayed first, normlab.analysis.baselines)
     python scripts/reproduce.py card --leaderboard   # docs/cards.md from the built-in cards
 
 A built-in norm (one whose arms the reproductions commit: batchnorm, layernorm, groupnorm,
