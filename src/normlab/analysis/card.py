@@ -121,6 +121,10 @@ class Slot:
     norm_arm: str = ""
     initial: int = gates.MIN_SEEDS  # the reproduction's declared seeds: the design's first look
     cap: int = gates.MIN_SEEDS  # ... and its last (normlab.analysis.sequential)
+    # how a baseline's committed jobs are checked under today's code (normlab.analysis.
+    # baselines): {steps: N, metrics: [...]}, the first N steps replayed and those metrics'
+    # committed values up to step N compared; {} where the slot declares no replay
+    replay: dict = field(default_factory=dict)
 
     def arm(self, norm: str) -> str:
         """The arm a norm runs as here: a built-in's committed arm, else the one `--norm` runs
@@ -153,7 +157,8 @@ def slots(conf: Path) -> list[Slot]:
                               tuple(map(str, s.get("overrides", ()))), dict(s.get("needs", {})),
                               s.get("needs_why", ""), s.get("norm_arm", ""),
                               seeds.get("initial", Reproduction.initial_seeds),
-                              seeds.get("cap", Reproduction.seed_cap)))  # fmt: skip
+                              seeds.get("cap", Reproduction.seed_cap),
+                              dict(s.get("replay") or {})))  # fmt: skip
     return found
 
 

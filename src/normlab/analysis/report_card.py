@@ -4,6 +4,8 @@
                                      [--budget quick|card] [--jobs N] [--threads N]
                                      [--slots NAME,..]   # only these reproductions' slots
                                      [--decide]  # on to the seeds undecided verdicts plan
+                                     [--retrain-baselines | --reuse-baselines]  # stale ones:
+                                     # (default: replayed first, normlab.analysis.baselines)
     python scripts/reproduce.py card --leaderboard   # docs/cards.md from the built-in cards
 
 A built-in norm (one whose arms the reproductions commit: batchnorm, layernorm, groupnorm,
@@ -28,11 +30,12 @@ from pathlib import Path
 import pandas as pd
 
 from normlab import layout
-from normlab.analysis import card, report, reproduce
+from normlab.analysis import baselines, card, report, reproduce
 from normlab.analysis.reproductions import REPRODUCTIONS
 
 REPO = layout.root()  # --root's default: the checkout (or the cwd of an installed normlab)
 CONF = layout.reproduce_dir()
+COMMITTED = REPO / "outputs" / "figures"  # the reproductions' committed evidence: the baselines
 QUICK_JOB_S = 60.0  # a --quick job's time (its budget is a minute)
 FILES = ("md", "csv", "png")
 
@@ -76,30 +79,38 @@ def builtin(norm: str, slots: list[card.Slot]) -> bool:
     return any(norm in s.arms for s in slots)
 
 
-def estimate(slots: list[card.Slot], quick: bool) -> tuple[float, list[float]]:
+def estimate(slots: list[card.Slot], quick: bool,
+             decided: list[baselines.Baseline] | None = None
+             ) -> tuple[float, list[float]]:  # fmt: skip
     """Seconds of one core per slot: the committed jobs of its first baseline, per seed, times
-    the seeds the card runs (a quick job: a minute)."""
+    the seeds the card runs (a quick job: a minute); and as much again for each baseline arm
+    the card retrains there (baselines.retrain_s)."""
     per_slot = []
     for s in slots:
+        again = sum(baselines.retrain_s(s, a, quick, COMMITTED)
+                    for a in baselines.retrained(decided, s))  # fmt: skip
         repro = REPRODUCTIONS[s.reproduction]
         seeds = 2 if quick else repro.initial_seeds
         jobs = pd.read_csv(REPO / "outputs" / "figures" / s.reproduction / "jobs.csv")
         mine = jobs[jobs["arm"] == s.arm(s.baselines[0])]
         per_seed = len(mine) / max(1, mine["seed"].nunique())
         wall = QUICK_JOB_S if quick else float(mine["wall_time_s"].median())
-        per_slot.append(seeds * per_seed * wall)
+        per_slot.append(seeds * per_seed * wall + again)
     return sum(per_slot), per_slot
 
 
-def _evidence(slot: card.Slot, norm: str, quick: bool, root: Path) -> pd.DataFrame:
+def _evidence(slot: card.Slot, norm: str, quick: bool, root: Path,
+              again: tuple[str, ...] = ()) -> pd.DataFrame:  # fmt: skip
     """The committed runs.csv of the slot's reproduction (the baselines), with the norm's own
-    rows from NAME+norm's (a trained card) where they exist."""
+    rows, and those of the baseline arms the card retrained, from NAME+norm's (a trained card)
+    where they exist."""
     figures = root / "outputs" / "figures"
-    data = pd.read_csv(REPO / "outputs" / "figures" / slot.reproduction / "runs.csv")
+    data = pd.read_csv(COMMITTED / slot.reproduction / "runs.csv")
     own = (figures / "quick" if quick else figures) / f"{slot.reproduction}+{norm}" / "runs.csv"
     if own.is_file():
-        mine = pd.read_csv(own)
-        data = pd.concat([data[data["arm"] != slot.arm(norm)], mine], ignore_index=True)
+        arms, mine = (slot.arm(norm), *again), pd.read_csv(own)
+        data = pd.concat([data[~baselines.of_arms(data, arms)],
+                          mine[baselines.of_arms(mine, arms)]], ignore_index=True)  # fmt: skip
     return data
 
 
@@ -121,12 +132,14 @@ def _outcome(slot: card.Slot, norm: str, quick: bool, root: Path) -> str:
 
 
 def _to_a_decision(s: card.Slot, norm: str, plugin: str | None, jobs: int,
-                   threads: int | None, root: Path) -> None:  # fmt: skip
+                   threads: int | None, root: Path,
+                   again: tuple[str, ...] = ()) -> None:  # fmt: skip
     """--decide: a slot whose verdicts are undecided at its first seeds runs once more, to the
     seeds they plan for, and where still undecided there, to the cap: the reproductions' three
-    looks (`reproduce.py NAME --decide`, normlab.analysis.sequential), finished jobs reused."""
+    looks (`reproduce.py NAME --decide`, normlab.analysis.sequential), finished jobs reused
+    (the baseline arms the card retrained run the same seeds)."""
     def plan() -> int | None:
-        return card.seeds_to_decide(card.rows(s, norm, _evidence(s, norm, False, root)))
+        return card.seeds_to_decide(card.rows(s, norm, _evidence(s, norm, False, root, again)))
 
     ran, first = s.initial, plan()
     looks = [("its undecided verdicts plan", first)] if first and first > ran else []
@@ -134,16 +147,19 @@ def _to_a_decision(s: card.Slot, norm: str, plugin: str | None, jobs: int,
         if n is None or n <= ran or (why.startswith("still") and plan() is None):
             continue
         print(f"card {norm}: {s.title}: {why} {n} seeds (cap {s.cap})", flush=True)
-        reproduce.reproduce(s.reproduction, False, jobs, root, n, [f"{s.grid}-{norm}"], norm,
-                            plugin, threads=threads, cut={s.grid: s.overrides})  # fmt: skip
+        reproduce.reproduce(s.reproduction, False, jobs, root, n,
+                            [f"{s.grid}-{norm}", *again], norm, plugin, threads=threads,
+                            cut={s.grid: s.overrides})  # fmt: skip
         ran = n
 
 
 def run(norm: str, plugin: str | None, quick: bool, jobs: int, threads: int | None,
-        root: Path, only: list[str] | None = None, decide: bool = False) -> dict[str, Path]:
+        root: Path, only: list[str] | None = None, decide: bool = False,
+        policy: str = "check") -> dict[str, Path]:  # fmt: skip
     """Train the norm in every slot it fits (unless built in; `only`: the slots of these
-    reproductions; `decide`: each slot on to the seeds its undecided verdicts plan for), then
-    write its card."""
+    reproductions; `decide`: each slot on to the seeds its undecided verdicts plan for), each
+    slot's stale baselines replayed first and retrained where that says to (`policy`: check,
+    retrain or reuse, normlab.analysis.baselines), then write its card."""
     hours = reproduce._hours  # one home for how a time reads
 
     slots = card.slots(CONF)
@@ -155,53 +171,80 @@ def run(norm: str, plugin: str | None, quick: bool, jobs: int, threads: int | No
     check_norm(norm, plugin)
     fits = {s.title: s.applicable(norm) for s in slots}
     todo = [s for s in slots if not fits[s.title]]
+    decided = None
     if not builtin(norm, slots):
-        total, each = estimate(todo, quick)
-        wall = (f"about {hours(total / jobs)} at --jobs {jobs}" if jobs > 1 else
-                f"about {hours(total / 2)} at --jobs 2 on 2 cores")  # fmt: skip
-        print(f"card {norm}: {len(todo)} slots to train ({len(slots) - len(todo)} not "
-              f"applicable), about {hours(total)} of one core, {wall} (from the committed "
-              f"jobs' wall times){'; smoke: not evidence' if quick else ''}"
-              f"{'; --decide adds the seeds undecided verdicts plan' if decide else ''}",
-              flush=True)  # fmt: skip
+        decided = _baselines(todo, len(slots) - len(todo), norm, policy, quick, jobs, decide)
+        total, each = estimate(todo, quick, decided)
         start, done = time.time(), 0.0
         for k, (s, secs) in enumerate(zip(todo, each, strict=True), 1):
-            grid = f"{s.grid}-{norm}"
-            reproduce.reproduce(s.reproduction, quick, jobs, root, None, [grid], norm, plugin,
-                                threads=threads, cut={s.grid: s.overrides})  # fmt: skip
+            again = baselines.retrained(decided, s)
+            reproduce.reproduce(s.reproduction, quick, jobs, root, None,
+                                [f"{s.grid}-{norm}", *again], norm, plugin, threads=threads,
+                                cut={s.grid: s.overrides})  # fmt: skip
             if decide:
-                _to_a_decision(s, norm, plugin, jobs, threads, root)
+                _to_a_decision(s, norm, plugin, jobs, threads, root, again)
             done += secs
             spent = time.time() - start
             left = spent / done * (total - done) if done else 0.0
             print(f"card {norm}: slot {k}/{len(todo)} done ({s.reproduction}: {s.title}); "
-                  f"{hours(spent)} so far, about {hours(left)} left", flush=True)
-    note = changed(slots, norm)
-    if note:
-        print(note, flush=True)
-    return write(norm, slots, fits, quick, root, plugin, decide)
+                  f"{hours(spent)} so far, about {hours(left)} left", flush=True)  # fmt: skip
+    elif changed(slots, norm):
+        print(changed(slots, norm), flush=True)
+    return write(norm, slots, fits, quick, root, plugin, decide, decided, policy)
+
+
+def _baselines(todo: list[card.Slot], skipped: int, norm: str, policy: str, quick: bool,
+               jobs: int, decide: bool) -> list[baselines.Baseline]:  # fmt: skip
+    """Print the card's estimate (the norm's jobs, the stale baselines' replays, the arms to
+    retrain), replay the stale baselines, and say per arm what the card does with it."""
+    from normlab.identity import code_version  # lazy: hashes src/ only when a card runs
+
+    hours = reproduce._hours
+    first = baselines.pending(todo, norm, policy, code_version(), COMMITTED)
+    checks, replays, worst = baselines.costs(first, todo, quick, COMMITTED)
+    total, _ = estimate(todo, quick, first)
+    wall = (f"about {hours(total / jobs)} at --jobs {jobs}" if jobs > 1 else
+            f"about {hours(total / 2)} at --jobs 2 on 2 cores")  # fmt: skip
+    again = sum(b.action == "retrain" for b in first)
+    print(f"card {norm}: {len(todo)} slots to train ({skipped} not applicable), about "
+          f"{hours(total)} of one core with {again} baseline arms retrained, {wall} (from the "
+          f"committed jobs' wall times); first {checks} stale baseline arms replayed (about "
+          f"{hours(replays)}), each that differs retrained (up to {hours(worst)} more)"
+          f"{'; smoke: not evidence' if quick else ''}"
+          f"{'; --decide adds the seeds undecided verdicts plan' if decide else ''}",
+          flush=True)  # fmt: skip
+    return baselines.settle(first, todo, norm, COMMITTED, quick,
+                            log=lambda text: print(text, flush=True))  # fmt: skip
+
+
+POLICY_FLAGS = {"retrain": "--retrain-baselines", "reuse": "--reuse-baselines"}
 
 
 def card_command(norm: str, plugin: str | None, quick: bool, slots: list[card.Slot],
-                 decide: bool = False) -> str:  # fmt: skip
+                 decide: bool = False, policy: str = "check") -> str:  # fmt: skip
     """The command that makes this card, as its md prints it: --slots when it has only some."""
     cmd = f"python scripts/reproduce.py card --norm {norm}"
     cmd += (f" --plugin {plugin}" if plugin else "") + (" --budget quick" if quick else "")
-    cmd += " --decide" if decide else ""
+    cmd += (" --decide" if decide else "") + (f" {POLICY_FLAGS[policy]}"
+                                              if policy in POLICY_FLAGS else "")  # fmt: skip
     mine = list(dict.fromkeys(s.reproduction for s in slots))
     every = {s.reproduction for s in card.slots(CONF)}
     return cmd + (f" --slots {','.join(mine)}" if set(mine) != every else "")
 
 
 def write(norm: str, slots: list[card.Slot], fits: dict[str, str], quick: bool,
-          root: Path, plugin: str | None = None, decide: bool = False) -> dict[str, Path]:
-    """outputs/cards[/quick]/NORM.{md,csv,png} from the evidence."""
+          root: Path, plugin: str | None = None, decide: bool = False,
+          decided: list[baselines.Baseline] | None = None,
+          policy: str = "check") -> dict[str, Path]:  # fmt: skip
+    """outputs/cards[/quick]/NORM.{md,csv,png} from the evidence (with the baseline arms the
+    card retrained, from `decided`, which the md's table of baselines lists)."""
     rows: list = []
     for s in slots:
         if fits[s.title]:
             rows.append((s, fits[s.title]))
             continue
-        unrun, data = _outcome(s, norm, quick, root), _evidence(s, norm, quick, root)
+        unrun = _outcome(s, norm, quick, root)
+        data = _evidence(s, norm, quick, root, baselines.retrained(decided, s))
         rows += [replace(r, unrun=unrun) for r in card.rows(s, norm, data, smoke=quick)]
     frame = card.table(rows)
     out = root / "outputs" / "cards" / ("quick" if quick else "")
@@ -211,7 +254,7 @@ def write(norm: str, slots: list[card.Slot], fits: dict[str, str], quick: bool,
     frame.to_csv(paths["csv"], index=False, float_format=report.FLOAT)
     card.figure(norm, rows, paths["png"])
     how = ("read from the committed evidence (no training)" if builtin(norm, slots) else
-           f"`{card_command(norm, plugin, quick, slots, decide)}`")  # fmt: skip
+           f"`{card_command(norm, plugin, quick, slots, decide, policy)}`")  # fmt: skip
     header = [f"# Report card: {norm}", "", *([f"**{card.SMOKE}**", ""] if quick else []),
               f"![{safe}]({safe}.png)", "", f"Command: {how}  ",
               "Verdicts: the norm against each baseline, paired by seed, by the reproductions' "
@@ -220,8 +263,10 @@ def write(norm: str, slots: list[card.Slot], fits: dict[str, str], quick: bool,
               "the reproduction's cap).  ",
               "Bands: " + "; ".join(dict.fromkeys(f"{s.reproduction}: {s.delta_why}"
                                                   for s in slots))]  # fmt: skip
-    header.append(versions(slots, norm))
-    paths["md"].write_text(card.markdown(norm, frame, header))
+    if decided is None:  # a built-in norm's card: the committed evidence alone
+        header.append(versions(slots, norm))
+    text = card.markdown(norm, frame, header)
+    paths["md"].write_text(text + ("\n" + baselines.markdown(decided) if decided else ""))
     return paths
 
 
@@ -321,7 +366,16 @@ def main(argv: list[str]) -> None:
                         help="each slot on to the seeds its undecided verdicts plan for, then "
                         "to the reproduction's cap where still undecided (as reproduce.py "
                         "NAME --decide)")  # fmt: skip
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--retrain-baselines", action="store_true",
+                       help="retrain every baseline arm run under older training code, beside "
+                       "the norm's (into NAME+norm), without replaying it first")  # fmt: skip
+    which.add_argument("--reuse-baselines", action="store_true",
+                       help="read every baseline arm as committed, whatever code it ran: no "
+                       "replay, no retraining (the md says so)")  # fmt: skip
     args = parser.parse_args(argv)
+    policy = ("retrain" if args.retrain_baselines else
+              "reuse" if args.reuse_baselines else "check")  # fmt: skip
     if args.decide and args.budget == "quick":
         parser.error("--decide plans seeds from evidence: not with --budget quick")
     if args.leaderboard:
@@ -332,7 +386,7 @@ def main(argv: list[str]) -> None:
     try:
         only = [n for n in args.slots.split(",") if n] if args.slots else None
         paths = run(args.norm, args.plugin, args.budget == "quick", args.jobs, args.threads,
-                    args.root.resolve(), only, args.decide)  # fmt: skip
+                    args.root.resolve(), only, args.decide, policy)  # fmt: skip
     except KeyboardInterrupt:
         command = shlex.join([*reproduce.PROGRAM(), "card", *argv])
         print(f"card {args.norm}: interrupted; finished jobs are kept. continue with: {command}",
