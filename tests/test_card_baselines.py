@@ -64,7 +64,8 @@ def test_a_stale_baseline_whose_replay_matches_is_read_saying_what_matched(figur
     jobs = pd.read_csv(figures / "bn_lenet" / "jobs.csv")
     mine = jobs[jobs["arm"] == "mlp/none"]
     assert sorted(c[2] for c in calls if c[1] == "mlp/none") == sorted(
-        mine.groupby("code_version")["seed"].min())
+        mine.groupby("code_version")["seed"].min()
+    )
     assert {c[3] for c in calls} == {40}
     assert "val/acc at step 40: committed 0.098, today 0.098" in none.why
     assert any(line.startswith("card mine: bn_lenet, mlp/none: read (replay matched)")
@@ -111,8 +112,10 @@ def test_a_replay_that_cannot_be_compared_retrains(figures):
     assert all(b.how == "replay differs" and "logged no" in b.why for b in got.values())
 
 
-@pytest.mark.parametrize(("policy", "action", "how"), [
-    ("retrain", "retrain", "--retrain-baselines"), ("reuse", "read", "--reuse-baselines")])
+@pytest.mark.parametrize(
+    ("policy", "action", "how"),
+    [("retrain", "retrain", "--retrain-baselines"), ("reuse", "read", "--reuse-baselines")],
+)
 def test_the_flags_retrain_or_read_every_stale_arm_without_a_replay(figures, policy, action,
                                                                     how):  # fmt: skip
     calls: list = []
@@ -154,15 +157,18 @@ def test_a_card_retrains_an_arm_beside_the_norm_and_tables_it(figures, tmp_path,
     monkeypatch.setattr(rc, "COMMITTED", figures)
     monkeypatch.setattr(baselines, "run_replay", _as_committed(figures))
     ran = []
-    monkeypatch.setattr(reproduce, "reproduce",
-                        lambda name, quick, jobs, root, seeds, grids, *a, **k: ran.append(grids))
+    monkeypatch.setattr(
+        reproduce,
+        "reproduce",
+        lambda name, quick, jobs, root, seeds, grids, *a, **k: ran.append(grids),
+    )
     paths = rc.run("rmsnorm", None, False, 1, 1, tmp_path, ["bn_lenet"])
     assert ran == [["mlp-rmsnorm"], ["lenet-rmsnorm", "lenet/none"], ["lenet_cosine-rmsnorm"]]
     out = capsys.readouterr().out
     assert out.index("1 baseline arms retrained after their replay") > out.index("slots to train")
     assert "bn_lenet, lenet/none: retrained (replay differs)" in out
     md = paths["md"].read_text()
-    table = md[md.index("## Baselines: read or retrained"):]
+    table = md[md.index("## Baselines: read or retrained") :]
     assert "| none (lenet/none) |" in table and "retrained (replay differs)" in table
     assert table.count("read (replay matched)") == 5
     assert "--retrain-baselines" not in md and "--reuse-baselines" not in md
@@ -183,7 +189,8 @@ def test_the_card_reads_a_retrained_arm_from_its_own_evidence(figures, tmp_path,
     bn = data[(data["arm"] == "mlp/batchnorm") & (data["metric"] == "test/acc")]
     assert 0.1 not in list(bn["value"]) and len(bn) > 1  # not retrained: the committed rows
     assert rc.card_command("mine", None, False, [slot], policy="reuse").endswith(
-        "--reuse-baselines --slots bn_lenet")
+        "--reuse-baselines --slots bn_lenet"
+    )
 
 
 @pytest.mark.slow
@@ -196,5 +203,9 @@ def test_a_real_replay_of_the_bn_mlps_first_steps_matches_its_committed_values()
                                     40)  # fmt: skip
     same, points, why = baselines.compare(replayed, mine, ["val/acc", "gate/train_loss"], 40)
     assert same, why
-    assert [(m, x) for m, x, *_ in points] == [("gate/train_loss", 19.0), ("val/acc", 20.0),
-                                               ("gate/train_loss", 39.0), ("val/acc", 40.0)]
+    assert [(m, x) for m, x, *_ in points] == [
+        ("gate/train_loss", 19.0),
+        ("val/acc", 20.0),
+        ("gate/train_loss", 39.0),
+        ("val/acc", 40.0),
+    ]
