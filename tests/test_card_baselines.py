@@ -209,3 +209,22 @@ def test_a_real_replay_of_the_bn_mlps_first_steps_matches_its_committed_values()
         ("gate/train_loss", 39.0),
         ("val/acc", 40.0),
     ]
+
+
+def test_a_quick_card_reads_its_baselines_unchecked_and_its_command_omits_that_default(
+        monkeypatch):  # fmt: skip
+    """--budget quick is a smoke run: no replay, no retraining (reuse), and its md's Command
+    line reruns it without the flag; a card-budget one names the policy it was not given."""
+    rc = importlib.import_module("normlab.analysis.report_card")
+    seen = []
+    monkeypatch.setattr(rc, "run", lambda *a: seen.append(a[-1]) or (_ for _ in ()).throw(
+        SystemExit(0)))  # fmt: skip
+    for argv in (["--budget", "quick"], [], ["--budget", "quick", "--retrain-baselines"]):
+        with pytest.raises(SystemExit):
+            rc.main(["--norm", "rmsnorm", *argv])
+    assert seen == ["reuse", "check", "retrain"]
+    some = [s for s in card.slots(rc.CONF) if s.reproduction == "bn_lenet"]
+    assert "baselines" not in rc.card_command("x", None, True, some, policy="reuse")
+    assert rc.card_command("x", None, False, some, policy="reuse").endswith(
+        "--reuse-baselines --slots bn_lenet")  # fmt: skip
+    assert "--retrain-baselines" in rc.card_command("x", None, True, some, policy="retrain")

@@ -312,3 +312,33 @@ def leaderboard(cards: dict[str, pd.DataFrame]) -> str:
                 f"{r.norm.split(' [')[0].split(' (n=')[0]} ({first})" if first else r.norm)
         body.append((norm, *(cells.get(k, "-") for k in columns)))
     return markdown_table(["norm", *columns], body)
+
+
+# How to run a card, as docs/cards.md ends (report_card.leaderboard writes it)
+RUN_A_CARD = """## Put a norm of your own through it
+
+```
+python scripts/reproduce.py card --norm meanonly --plugin examples.my_norm --budget quick
+python scripts/reproduce.py card --norm meanonly --plugin examples.my_norm
+python scripts/reproduce.py card --norm meanonly --plugin examples.my_norm --decide
+```
+
+- `--budget quick`: a smoke run of minutes (every slot a few steps), written under the ignored
+  outputs/cards/quick/, labelled "smoke: not evidence", with no verdicts.
+- the default budget (`card`): evidence. Each slot runs its reproduction's grid, cut to the
+  slot's question, at the reproduction's first seeds; the command prints its estimate first
+  (from the committed jobs' wall times), its progress as jobs end, and a continue line when
+  interrupted (finished jobs are reused).
+- `--decide`: a slot whose verdicts are undecided at its first seeds runs on to the seeds they
+  plan for, then to the reproduction's cap where still undecided (the reproductions' three
+  looks, `reproduce.py NAME --decide`).
+- Baselines: a slot compares the norm with its reproduction's committed arms. An arm trained
+  under older training code is replayed first, its first steps under today's code against the
+  committed values (the slot's `replay:`, normlab.analysis.baselines): read where they match,
+  retrained beside the norm where they differ or no replay is declared. The card's md tables
+  each arm as read or retrained, and why. `--retrain-baselines` retrains every such arm,
+  `--reuse-baselines` reads them unchecked (a quick card's default: a smoke run is no evidence).
+
+A norm is a registered name or a class path (`--norm pkg.Class`); `--plugin MODULE` imports the
+module that registers it (examples/my_norm.py). A slot the norm cannot take (its traits, e.g.
+batch statistics in a causal Transformer) reads "not applicable" with the reason."""

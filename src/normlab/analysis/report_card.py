@@ -38,6 +38,7 @@ CONF = layout.reproduce_dir()
 COMMITTED = REPO / "outputs" / "figures"  # the reproductions' committed evidence: the baselines
 QUICK_JOB_S = 60.0  # a --quick job's time (its budget is a minute)
 FILES = ("md", "csv", "png")
+hours = reproduce._hours  # one home for how a time reads
 
 
 def check_norm(norm: str, plugin: str | None) -> None:
@@ -160,8 +161,6 @@ def run(norm: str, plugin: str | None, quick: bool, jobs: int, threads: int | No
     reproductions; `decide`: each slot on to the seeds its undecided verdicts plan for), each
     slot's stale baselines replayed first and retrained where that says to (`policy`: check,
     retrain or reuse, normlab.analysis.baselines), then write its card."""
-    hours = reproduce._hours  # one home for how a time reads
-
     slots = card.slots(CONF)
     unknown = sorted(set(only or ()) - {s.reproduction for s in slots})
     if unknown:
@@ -199,7 +198,6 @@ def _baselines(todo: list[card.Slot], skipped: int, norm: str, policy: str, quic
     retrain), replay the stale baselines, and say per arm what the card does with it."""
     from normlab.identity import code_version  # lazy: hashes src/ only when a card runs
 
-    hours = reproduce._hours
     first = baselines.pending(todo, norm, policy, code_version(), COMMITTED)
     checks, replays, worst = baselines.costs(first, todo, quick, COMMITTED)
     total, _ = estimate(todo, quick, first)
@@ -225,8 +223,9 @@ def card_command(norm: str, plugin: str | None, quick: bool, slots: list[card.Sl
     """The command that makes this card, as its md prints it: --slots when it has only some."""
     cmd = f"python scripts/reproduce.py card --norm {norm}"
     cmd += (f" --plugin {plugin}" if plugin else "") + (" --budget quick" if quick else "")
-    cmd += (" --decide" if decide else "") + (f" {POLICY_FLAGS[policy]}"
-                                              if policy in POLICY_FLAGS else "")  # fmt: skip
+    default = "reuse" if quick else "check"  # the budget's own policy goes without its flag
+    flag = POLICY_FLAGS.get(policy) if policy != default else None
+    cmd += (" --decide" if decide else "") + (f" {flag}" if flag else "")
     mine = list(dict.fromkeys(s.reproduction for s in slots))
     every = {s.reproduction for s in card.slots(CONF)}
     return cmd + (f" --slots {','.join(mine)}" if set(mine) != every else "")
@@ -303,27 +302,6 @@ def changed(slots: list[card.Slot], norm: str) -> str:
 
 BUILTIN = ("batchnorm", "layernorm", "groupnorm", "rmsnorm", "dyt")  # the leaderboard's rows
 
-RUN_A_CARD = """## Put a norm of your own through it
-
-```
-python scripts/reproduce.py card --norm meanonly --plugin examples.my_norm --budget quick
-python scripts/reproduce.py card --norm meanonly --plugin examples.my_norm
-python scripts/reproduce.py card --norm meanonly --plugin examples.my_norm --decide
-```
-
-- `--budget quick`: a smoke run of minutes (every slot a few steps), written under the ignored
-  outputs/cards/quick/, labelled "smoke: not evidence", with no verdicts.
-- the default budget (`card`): evidence. Each slot runs its reproduction's grid, cut to the
-  slot's question, at the reproduction's first seeds; the command prints its estimate first
-  (from the committed jobs' wall times), its progress as jobs end, and a continue line when
-  interrupted (finished jobs are reused).
-- `--decide`: a slot whose verdicts are undecided at its first seeds runs on to the seeds they
-  plan for, then to the reproduction's cap where still undecided (the reproductions' three
-  looks, `reproduce.py NAME --decide`).
-
-A norm is a registered name or a class path (`--norm pkg.Class`); `--plugin MODULE` imports the
-module that registers it (examples/my_norm.py). A slot the norm cannot take (its traits, e.g.
-batch statistics in a causal Transformer) reads "not applicable" with the reason."""
 
 
 def leaderboard(root: Path, norms: tuple[str, ...] = BUILTIN) -> Path:
@@ -348,7 +326,7 @@ def leaderboard(root: Path, norms: tuple[str, ...] = BUILTIN) -> Path:
                  "bands).", "", card.leaderboard(others), ""]  # fmt: skip
     path = root / "docs" / "cards.md"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join([*text, RUN_A_CARD, ""]))
+    path.write_text("\n".join([*text, card.RUN_A_CARD, ""]))
     return path
 
 
@@ -372,10 +350,11 @@ def main(argv: list[str]) -> None:
                        "the norm's (into NAME+norm), without replaying it first")  # fmt: skip
     which.add_argument("--reuse-baselines", action="store_true",
                        help="read every baseline arm as committed, whatever code it ran: no "
-                       "replay, no retraining (the md says so)")  # fmt: skip
+                       "replay, no retraining (the md says so; --budget quick's default)")
     args = parser.parse_args(argv)
+    quick = args.budget == "quick"  # a smoke run reads its baselines unchecked (no evidence)
     policy = ("retrain" if args.retrain_baselines else
-              "reuse" if args.reuse_baselines else "check")  # fmt: skip
+              "reuse" if args.reuse_baselines or quick else "check")  # fmt: skip
     if args.decide and args.budget == "quick":
         parser.error("--decide plans seeds from evidence: not with --budget quick")
     if args.leaderboard:
@@ -385,7 +364,7 @@ def main(argv: list[str]) -> None:
         parser.error("card needs --norm NAME (or --leaderboard)")
     try:
         only = [n for n in args.slots.split(",") if n] if args.slots else None
-        paths = run(args.norm, args.plugin, args.budget == "quick", args.jobs, args.threads,
+        paths = run(args.norm, args.plugin, quick, args.jobs, args.threads,
                     args.root.resolve(), only, args.decide, policy)  # fmt: skip
     except KeyboardInterrupt:
         command = shlex.join([*reproduce.PROGRAM(), "card", *argv])
