@@ -146,6 +146,8 @@ def test_a_slope_is_log_log_per_seed_over_its_points_and_minus_pairs_by_seed(tmp
      "a group is {each: ..., claims: [entries]}"),
     ([_entry(kind="slope", of={"arm": "a"})], "a slope reads a list of {arm, x, at}"),
     ([_entry(kind="slope", of=[{"arm": "a", "x": 1}])], "an arm to read is {arm, at, x}"),
+    ([{"each": {"x": [1]}, "claims": [_entry(kind="paired")]}],
+     "claims[0] at x=1: claims[0] ('a at 1'): kind 'paired' is not one of"),
 ])  # fmt: skip
 def test_a_bad_group_or_slope_fails_in_one_line_naming_the_file_and_entry(tmp_path, listed,
                                                                           problem):  # fmt: skip

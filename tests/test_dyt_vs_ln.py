@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from normlab.analysis import claims as declared
 from normlab.analysis import dyt_vs_ln as d
 from normlab.analysis import gates
 from normlab.analysis.logs import Run
@@ -53,8 +54,13 @@ def _runs(gpt_gap: float, fid_ratio: float, ln_shape: str) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["arm", "seed", "x", "metric", "value"])
 
 
+def _declared(data: pd.DataFrame) -> list:
+    """conf/reproduce/dyt_vs_ln.yaml's claims on these rows, as render builds them."""
+    return declared.build("dyt_vs_ln", d.quantities(data), d.words(data))
+
+
 def _verdicts(data: pd.DataFrame) -> dict[str, str]:
-    return {c.claim: c.verdict for c in d.claims(data)}
+    return {c.claim: c.verdict for c in _declared(data)}
 
 
 def test_verdicts_hold_when_dyt_matches_and_ln_is_s_shaped():
@@ -75,7 +81,7 @@ def test_verdicts_fail_when_dyt_is_worse_and_ln_maps_are_lines():
 def test_a_users_norm_is_one_more_claim_against_layernorm():
     data = _runs(gpt_gap=0.001, fid_ratio=1.0, ln_shape="s")
     extra = data[data["arm"] == "gpt/dyt"].assign(arm="gpt/meanonly")
-    claims = [c.claim for c in d.claims(pd.concat([data, extra]))]
+    claims = [c.claim for c in _declared(pd.concat([data, extra]))]
     assert any(c.startswith("GPT: meanonly's final val loss is within") for c in claims)
     assert d.arms_of(pd.concat([data, extra]), "gpt") == ["layernorm", "dyt", "rmsnorm",
                                                           "meanonly"]  # fmt: skip
@@ -116,12 +122,12 @@ def test_a_drop_in_that_did_not_train_answers_its_claim():
 
 def _of(data: pd.DataFrame, start: str) -> list:
     """The declared claims whose words start so (e.g. 'DiT, ': the dit_long grid's)."""
-    return [c for c in d.claims(data) if c.claim.startswith(start)]
+    return [c for c in _declared(data) if c.claim.startswith(start)]
 
 
 def _long(data: pd.DataFrame) -> list:
     """The long grids' claims (their words name the steps)."""
-    return [c for c in d.claims(data) if c.claim.startswith("GPT, ")]
+    return [c for c in _declared(data) if c.claim.startswith("GPT, ")]
 
 
 def test_the_long_grids_test_the_recipe_against_each_base_that_ran():

@@ -19,11 +19,10 @@ as a long table (arm, seed, x, metric, value: runs.csv's columns), of which an e
       absent: {fraction: 0.1, paper: [23.6, 34.7], why: "..."}  # an equivalence band (BANDS)
 
 A difference may `scale` its unit (100: an accuracy to points); a value may be `log` (a ratio).
-`precluded: "{name}"` gives the verdict where the values cannot answer the claim as run, in the
-analysis's words (empty: they can).
 A slope reads a list of arms, each `at` its abscissa (e.g. a depth): per seed, the least-squares
 slope of log(quantity) on log(at) over the seeds with every point; with `minus`, a second list,
-the first slope minus the second, paired by seed.
+the first slope minus the second, paired by seed. `precluded: "{name}"` gives the verdict where
+the values cannot answer the claim as run, in the analysis's words (empty: they can).
 
 `each: {b: [16, 8, 4, 2]}` repeats an entry for each value ({b} in its strings and settings
 replaced); `each: {lr: from_data}` for each value the analysis found in its data (`build`'s words
@@ -115,9 +114,11 @@ def _expand(listed: list, at: str, words: dict | None) -> list[tuple[str, dict]]
         rest = {key: v for key, v in entry.items() if key != "each"}
         for bound in _values(entry.get("each"), where, words):
             one = _fill(rest, bound)
-            named = where + "".join(f" at {key}={v}" for key, v in bound.items())
-            inner = f"{at}[{k}].claims" + "".join(f"[{key}={v}]" for key, v in bound.items())
-            out += _expand(one["claims"], inner, words) if "claims" in one else [(named, one)]
+            at_values = "".join(f" at {key}={v}" for key, v in bound.items())
+            if "claims" in one:  # a group: its entries, named under it
+                out += _expand(one["claims"], f"{at}[{k}]{at_values}: claims", words)
+            else:
+                out.append((where + at_values, one))
     return out
 
 
@@ -156,17 +157,12 @@ def _fill(value, names: dict):
         return {key: _fill(v, names) for key, v in value.items()}
     if isinstance(value, list):
         out = []
-        for item in value:
+        for item in value:  # repeated over the first list it names, if any
             lists = [k for k, v in names.items() if isinstance(v, list) and _names(item, k)]
-            for one in _over(lists[:1], names):  # repeated over the first list it names
-                out.append(_fill(item, {**names, **one}))
+            bindings = [{lists[0]: v} for v in names[lists[0]]] if lists else [{}]
+            out += [_fill(item, {**names, **one}) for one in bindings]
         return out
     return value
-
-
-def _over(lists: list[str], names: dict) -> list[dict]:
-    """One binding per value of the list named (none named: one empty binding)."""
-    return [{lists[0]: v} for v in names[lists[0]]] if lists else [{}]
 
 
 def _names(value, key: str) -> bool:

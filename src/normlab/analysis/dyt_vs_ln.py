@@ -302,11 +302,6 @@ def _gpt_arms(data: pd.DataFrame) -> dict[str, str]:
     return arms
 
 
-def claims(data: pd.DataFrame) -> list:
-    """conf/reproduce/dyt_vs_ln.yaml's claims, on runs.csv's rows."""
-    return declared.build("dyt_vs_ln", quantities(data), words(data))
-
-
 def quantities(data: pd.DataFrame) -> pd.DataFrame:
     """runs.csv's rows and the quantities the declared claims read that no job logs: each arm's
     final_loss (curves.final_loss: a diverged job's at ln VOCAB) and the LayerNorm GPT's tanh/*
@@ -595,4 +590,5 @@ def render(data: pd.DataFrame) -> Result:
     ]
     grids = tuple(g + "/" for g in (GPT, PILOT, LONG, *DITS))
     arms = sorted(a for a in data["arm"].unique() if a.startswith(grids))
-    return Result(fig, claims(data), notes, gates.gates(data, arms))
+    claims = declared.build("dyt_vs_ln", quantities(data), words(data))
+    return Result(fig, claims, notes, gates.gates(data, arms))
