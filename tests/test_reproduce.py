@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
+from normlab import identity
 from normlab.analysis import report, sweep
 from normlab.analysis.reproductions import REPRODUCTIONS
 from normlab.analysis.sweep import Budget, Grid, Reproduction
@@ -785,10 +786,14 @@ def test_quick_norm_and_grids_runs_say_how_long_first():
 
 def test_an_estimate_leaves_out_the_jobs_finished_before(monkeypatch, tmp_path):
     """A rerun after a cut says what is left: its finished jobs are reused, not run (a job
-    still 'running' in its summary was killed: it runs again)."""
+    still 'running' in its summary was killed, and one finished under other training code is
+    changed: both run again)."""
     repro = REPRODUCTIONS["ln_rnn"]
     seeds = script.default_seeds(True, "ln_rnn")
-    found = [SimpleNamespace(status=s) for s in ("ok", "diverged", "running", "failed")]
+    today = identity.code_version()
+    found = [SimpleNamespace(status=s, code_version=v) for s, v in [
+        ("ok", today), ("diverged", today), ("running", today), ("failed", today),
+        ("ok", "0123456789abcdef")]]  # fmt: skip
     monkeypatch.setattr(sweep, "runs", lambda *a: found)
     assert script.estimate_before(repro, True, 1, seeds, False, tmp_path) == (
         "about 4 min (4 quick jobs, about a minute each, 1 at once, 2 of 6 finished before)"

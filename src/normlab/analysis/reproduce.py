@@ -53,7 +53,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from normlab import layout
+from normlab import identity, layout
 from normlab.analysis import gates, report, sequential, sweep
 from normlab.analysis.logs import parse_overrides, same_value
 from normlab.analysis.readme import update_readme
@@ -123,11 +123,14 @@ def job_total(repro: Reproduction, quick: bool, seeds: int | None) -> int:
 
 
 def finished_jobs(repro: Reproduction, quick: bool, root: Path | None, seeds: int | None) -> int:
-    """How many of repro's jobs already have a result in the sweep dirs under root (reused)."""
+    """How many of repro's jobs already have a result in the sweep dirs under root, run by
+    today's training code (reused; one of another version runs again, normlab.sweep.jobs)."""
     if root is None:
         return 0
     try:
-        return sum(r.status in FINISHED for r in sweep.runs(repro, quick, root, seeds))
+        today = identity.code_version()
+        return sum(r.status in FINISHED and r.code_version == today
+                   for r in sweep.runs(repro, quick, root, seeds))  # fmt: skip
     except Exception:  # an unreadable log: the estimate counts that job as still to run
         return 0
 
