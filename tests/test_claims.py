@@ -11,7 +11,7 @@ import yaml
 
 from normlab import layout
 from normlab.analysis import claims, stats, sweep
-from normlab.analysis.report import Claim, CountClaim
+from normlab.analysis.report import Claim, CountClaim, IntervalClaim
 
 GN = layout.reproduce_dir() / "gn_batch_size.yaml"
 
@@ -189,3 +189,54 @@ def test_an_arm_from_the_data_is_checked_against_the_grids_and_a_norm_grids_norm
     unknown = r"claims\[0\] \('\{arm\}'\) at arm=h/x: unknown arm 'h/x'"  # the value named
     with pytest.raises(ValueError, match=unknown):
         claims.entries(spec, path, {"arm": ["h/x"]})
+
+
+def _interval_entry(**change) -> dict:
+    return {"claim": "{arm} is fast", "kind": "interval", "interval": "{arm}: r",
+            "estimate": "r of {arm}", "region": {"below": 0.93}, "gates": ["{arm}"],
+            "paper": "quoted", "source": "paper", **change}  # fmt: skip
+
+
+def test_an_interval_claim_reads_the_interval_the_analysis_computed_by_its_name(tmp_path):
+    _spec(tmp_path, [_interval_entry(each={"arm": "from_data"}, precluded="{why_not}")])
+    found = {"a: r": (stats.Interval(0.9, 0.85, 0.92, 3), "a bootstrap"),
+             "b: r": (stats.Interval(1.0, 0.95, 1.05, 3), "a bootstrap")}  # fmt: skip
+    a, b = claims.build("toy", _quantities(), {"arm": ["a", "b"], "why_not": ""},
+                        conf=tmp_path, intervals=found)  # fmt: skip
+    assert isinstance(a, IntervalClaim) and a.interval == found["a: r"][0]
+    assert (a.claim, a.quantity, a.arms, a.ci_method) == ("a is fast", "r of a", ("a",),
+                                                          "a bootstrap")  # fmt: skip
+    assert a.region == (stats.BELOW, 0.93) and a.verdict == stats.HOLDS
+    assert b.verdict == stats.FAILS
+    with pytest.raises(ValueError, match="the analysis gives no interval 'a: r'"):
+        claims.build("toy", _quantities(), {"arm": ["a"], "why_not": ""}, conf=tmp_path)
+
+
+def test_a_choice_picks_a_value_by_a_word_and_keeps_the_order(tmp_path):
+    quote = {"by": "{arm}", "cases": {"b": "b's quote"}, "default": "the others'"}
+    group = {"each": {"arm": "from_data"},
+             "claims": [_interval_entry(paper=quote), _interval_entry(claim="{arm} again")]}
+    _spec(tmp_path, [group])
+    found = {f"{a}: r": (stats.Interval(0.9, 0.85, 0.92, 3), "how") for a in "ab"}
+    built = claims.build("toy", _quantities(), {"arm": ["a", "b"]}, conf=tmp_path,
+                         intervals=found)  # fmt: skip
+    assert [(c.claim, c.paper_number) for c in built] == [
+        ("a is fast", "the others'"), ("a again", "quoted"),
+        ("b is fast", "b's quote"), ("b again", "quoted")]  # fmt: skip
+
+
+@pytest.mark.parametrize("listed, problem", [
+    ([{k: v for k, v in _interval_entry().items() if k != "estimate"}],
+     "an interval claim declares estimate"),
+    ([_interval_entry(per_seed="words")], "an interval claim reads no per_seed"),
+    ([_entry(interval="a: r")], "a value claim reads no interval"),
+    ([_interval_entry(each={"arm": ["a"]}, paper={"by": "{arm}", "cases": {"b": "q"}})],
+     "by 'a' names none of the cases (b) and there is no default"),
+])  # fmt: skip
+def test_a_bad_interval_or_choice_fails_in_one_line_naming_the_file_and_entry(tmp_path, listed,
+                                                                              problem):  # fmt: skip
+    path = _spec(tmp_path, listed)
+    with pytest.raises(ValueError) as raised:
+        claims.entries(yaml.safe_load(path.read_text()), path)
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith(f"{path}: claims[0] (") and problem in message

@@ -1,3 +1,4 @@
+# Over 400 lines: a declaration's grammar (kinds, each, groups, choices) and its checks
 """A reproduction's claims as data: the `claims:` list of conf/reproduce/NAME.yaml, built into
 Claim objects (normlab.analysis.report) from the per-seed quantities its analysis extracted.
 
@@ -18,6 +19,10 @@ as a long table (arm, seed, x, metric, value: runs.csv's columns), of which an e
       paper: "GN 24.1% vs BN 34.7%"      # the paper's number, quoted
       absent: {fraction: 0.1, paper: [23.6, 34.7], why: "..."}  # an equivalence band (BANDS)
 
+An `interval` claim reads no per-seed values: the analysis computes its interval (e.g. a
+bootstrap over many values a seed) and passes it to `build` with how (`intervals`, by name);
+the entry names it (`interval: "{arm}: r"`) and says what it is an estimate of (`estimate`).
+
 A difference may `scale` its unit (100: an accuracy to points); a value may be `log` (a ratio).
 A slope reads a list of arms, each `at` its abscissa (e.g. a depth): per seed, the least-squares
 slope of log(quantity) on log(at) over the seeds with every point; with `minus`, a second list,
@@ -30,7 +35,10 @@ give lr as a list); `{each: ..., claims: [...]}` repeats a group of entries, in 
 claims per lr). `present: [{arm, x}]` keeps an entry only where one of those has a value. The
 analysis may fill other {name}s from its data (`build`'s words): a list's values are joined by
 ", " in a string, and an item of a list that names it is repeated for each value (a slope's arms,
-its gates). A claim no kind expresses stays code in its analysis module.
+its gates). A value may be picked by a word: `paper: {by: "{norm}", cases: {prmsnorm: "..."},
+default: "..."}` is the case its filled `by` names (default: none does), e.g. a quote per norm
+in one entry, so an `each` keeps its order. A claim no kind expresses stays code in its
+analysis module.
 """
 
 from __future__ import annotations
@@ -44,7 +52,7 @@ import yaml
 
 from normlab import layout
 from normlab.analysis import stats
-from normlab.analysis.report import PROVENANCE, Claim, CountClaim
+from normlab.analysis.report import PROVENANCE, Claim, CountClaim, IntervalClaim
 
 # the kinds, and the second operand each reads beside `of` (None: `of` alone)
 KINDS = {
@@ -53,6 +61,7 @@ KINDS = {
     "value": None,  # per seed: of as extracted (a slope, a ratio taken within a seed)
     "count": "against",  # events (0 or 1 a seed) in `of` against `against`, each arm's seeds
     "slope": "minus",  # per seed: the log-log slope over `of`'s arms (minus `minus`'s), optional
+    "interval": None,  # no per-seed values: the interval `build` is given by the name `interval`
 }
 FROM_DATA = "from_data"  # `each: {name: from_data}`: the values `build`'s words give name
 # an equivalence band's rules: a fraction of the paper's effect, one seed-to-seed SD of an
@@ -60,8 +69,10 @@ FROM_DATA = "from_data"  # `each: {name: from_data}`: the values `build`'s words
 BANDS = {"fraction": ("fraction", "paper"), "sd": ("sd",), "band": ("band",)}
 KEYS = {"claim", "kind", "quantity", "of", *filter(None, KINDS.values()), "per_seed", "region",
         "gates", "final", "source", "why", "paper", "undecided", "log", "absent", "each",
-        "present", "ceiling_against", "untrained_answers", "scale", "precluded"}  # fmt: skip
+        "present", "ceiling_against", "untrained_answers", "scale", "precluded", "interval",
+        "estimate"}  # fmt: skip
 REGIONS = {"above", "below", "within"}
+CHOICE = {"by", "cases", "default"}  # a value picked by a word: {by, cases} and default, optional
 
 
 def declaration(name: str, conf: Path | None = None) -> Path:
@@ -70,13 +81,14 @@ def declaration(name: str, conf: Path | None = None) -> Path:
 
 
 def build(name: str, quantities: pd.DataFrame, words: dict | None = None,
-          conf: Path | None = None) -> list:  # fmt: skip
+          conf: Path | None = None, intervals: dict | None = None) -> list:  # fmt: skip
     """NAME's declared claims, in their order, with the per-seed values `quantities` gives;
-    `words` fills the {name}s an entry's strings leave to the data (e.g. ln_rnn's {every})."""
+    `words` fills the {name}s an entry's strings leave to the data (e.g. ln_rnn's {every});
+    `intervals` gives an interval claim's {name: (stats.Interval, how it was computed)}."""
     path = declaration(name, conf)
     spec = yaml.safe_load(path.read_text())
     built = entries(spec, path, words or {})
-    return [_claim(e, quantities) for e in built if _present(e, quantities)]
+    return [_claim(e, quantities, intervals or {}) for e in built if _present(e, quantities)]
 
 
 def entries(spec: dict, path: Path, words: dict | None = None) -> list[dict]:
@@ -88,7 +100,7 @@ def entries(spec: dict, path: Path, words: dict | None = None) -> list[dict]:
     arms += [f"{g}/${{norm}}" for g in spec.get("norm_grids", ())]  # --norm's (sweep.norm_arm)
     out = []
     for where, one in _expand(spec.get("claims") or [], f"{path}: claims", words):
-        one = _fill(one, words or {})
+        one = _choose(_fill(one, words or {}), where)
         _check(one, arms, where)
         out.append(one)
     return out
@@ -165,6 +177,30 @@ def _fill(value, names: dict):
     return value
 
 
+def _choose(value, where: str):
+    """`value` with each {by, cases, default} in it replaced by the case its `by` names (its
+    default where none does). A `by` still naming {words} (checked before any data) picks the
+    default, or the first case."""
+    if isinstance(value, list):
+        return [_choose(v, where) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if not ({"by", "cases"} <= set(value) and set(value) <= CHOICE):
+        return {key: _choose(v, where) for key, v in value.items()}
+    cases = value["cases"]
+    if not isinstance(cases, dict) or not cases:
+        raise ValueError(f"{where}: a choice's cases map words to values, got {cases!r}")
+    picked = {str(k): v for k, v in cases.items()}.get(str(value["by"]))
+    if picked is None and "default" in value:
+        picked = value["default"]
+    elif picked is None and re.search(r"\{[^}]*\}", str(value["by"])):
+        picked = next(iter(cases.values()))
+    elif picked is None:
+        raise ValueError(f"{where}: by {value['by']!r} names none of the cases "
+                         f"({', '.join(map(str, cases))}) and there is no default")  # fmt: skip
+    return _choose(picked, where)
+
+
 def _names(value, key: str) -> bool:
     """Whether {key} appears in any string of `value`."""
     if isinstance(value, str):
@@ -199,18 +235,22 @@ def _check(entry: dict, arms: list[str], where: str) -> None:
     kind = entry.get("kind")
     if kind not in KINDS:
         fail(f"kind {kind!r} is not one of {', '.join(KINDS)}")
-    second = KINDS[kind]
-    needed = ["claim", "quantity", "of", "per_seed", "paper", "source"]
+    second, interval = KINDS[kind], ["interval", "estimate"]  # an interval's, not per seed
+    a_kind = ("an " if kind[0] in "aeiou" else "a ") + kind
+    reads = ["quantity", "of", "per_seed"] if kind != "interval" else interval
+    needed = ["claim", *reads, "paper", "source"]
     needed += [second] if second and kind != "slope" else []  # a slope's minus is optional
     needed += [] if kind == "count" else ["region"]
     missing = [key for key in needed if key not in entry]
     if missing:
-        fail(f"a {kind} claim declares {', '.join(missing)}")
+        fail(f"{a_kind} claim declares {', '.join(missing)}")
     extra = [key for key in filter(None, KINDS.values()) if key in entry and key != second]
     extra += [key for key in ("scale",) if key in entry and kind != "difference"]
     extra += [key for key in ("log",) if key in entry and kind != "value"]
+    others = ["quantity", "of", "per_seed", "present"] if kind == "interval" else interval
+    extra += [key for key in others if key in entry]
     if extra:
-        fail(f"a {kind} claim reads no {', '.join(extra)}")
+        fail(f"{a_kind} claim reads no {', '.join(extra)}")
     if entry["source"] not in PROVENANCE:
         fail(f"source must be one of {', '.join(PROVENANCE)}, got {entry['source']!r}")
     if entry["source"] == "ours" and not entry.get("why"):
@@ -332,10 +372,9 @@ def _absent(entry: dict, quantities: pd.DataFrame) -> dict:
     return {"absent": (float(low), float(high)), "absent_why": band["why"]}
 
 
-def _claim(entry: dict, quantities: pd.DataFrame):
-    """One entry's Claim (CountClaim for a count) over the seeds its arms share."""
-    kind, quantity = entry["kind"], entry["quantity"]
-    of = _operand(quantities, quantity, entry["of"], kind)
+def _claim(entry: dict, quantities: pd.DataFrame, intervals: dict):
+    """One entry's Claim (CountClaim for a count, IntervalClaim for an interval) over the seeds
+    its arms share."""
     shared = dict(
         source=entry["source"], why=entry.get("why", ""), arms=tuple(entry.get("gates", ())),
         final=bool(entry.get("final", False)),
@@ -344,6 +383,11 @@ def _claim(entry: dict, quantities: pd.DataFrame):
         precluded=entry.get("precluded", ""),  # e.g. "{apart}": the analysis's words, or none
         **_absent(entry, quantities),
     )  # fmt: skip
+    undecided = {"undecided": entry["undecided"]} if "undecided" in entry else {}
+    if entry["kind"] == "interval":
+        return _interval(entry, intervals, {**shared, **undecided})
+    kind, quantity = entry["kind"], entry["quantity"]
+    of = _operand(quantities, quantity, entry["of"], kind)
     words = dict(claim=entry["claim"], paper_number=entry["paper"], quantity=entry["per_seed"])
     if kind == "count":
         a, b = of.dropna(), per_seed(quantities, quantity, entry["against"]).dropna()
@@ -360,6 +404,15 @@ def _claim(entry: dict, quantities: pd.DataFrame):
         else:  # `scale` changes a difference's unit (e.g. 100: an accuracy to points)
             values = list(entry["scale"] * (first - second) if "scale" in entry else first - second)
         log = kind == "ratio"
-    undecided = {"undecided": entry["undecided"]} if "undecided" in entry else {}
     return Claim(**words, values=values, region=_region(entry["region"], _fail), log=log,
                  **undecided, **shared)  # fmt: skip
+
+
+def _interval(entry: dict, intervals: dict, shared: dict) -> IntervalClaim:
+    """An interval entry's IntervalClaim: the interval the analysis computed, by its name."""
+    if entry["interval"] not in intervals:
+        raise ValueError(f"claim {entry['claim']!r}: the analysis gives no interval "
+                         f"{entry['interval']!r}")  # fmt: skip
+    interval, how = intervals[entry["interval"]]
+    return IntervalClaim(entry["claim"], entry["paper"], entry["estimate"], interval,
+                         _region(entry["region"], _fail), how, **shared)  # fmt: skip

@@ -25,23 +25,15 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from normlab.analysis import claims as declared
 from normlab.analysis import gates
-from normlab.analysis.curves import final_loss, metric, paired, val_loss_rows
+from normlab.analysis.curves import final_loss, metric, val_loss_rows
 from normlab.analysis.logs import Run
-from normlab.analysis.report import Claim, IntervalClaim, Result, markdown_table
-from normlab.analysis.stats import BELOW, Interval, bootstrap, bootstrap_joint
+from normlab.analysis.report import Result, markdown_table
+from normlab.analysis.stats import Interval, bootstrap, bootstrap_joint
 
-# ----- the paper's claims (Zhang & Sennrich 2019, "Root Mean Square Layer Normalization") ------
-PAPER = {
-    "faster": "7%-64% less running time than LayerNorm, depending on model and implementation",
-    "quality": "comparable performance to LayerNorm",
-    "prms_faster": "pRMSNorm: the RMS from p = 6.25% of the inputs, proposed as cheaper still; "
-    "the 7%-64% range is RMSNorm's",
-    "prms": "pRMSNorm (p = 6.25%) comparable to RMSNorm / LayerNorm",
-}
-# ----- the rules that decide "holds" ------------------------------------------------------------
+# ----- the claims (Zhang & Sennrich 2019): declared in conf/reproduce/rmsnorm_speed.yaml ------
 MAX_RATIO = 0.93  # the step time ratio to LayerNorm at the paper's smallest gain, 7% less time
-LOSS_MARGIN = 0.05  # "comparable": the final val loss within +-this many nats of LayerNorm's
 RESAMPLES, BOOTSTRAP_SEED = 10_000, 0
 CI_BOOTSTRAP = (
     f"speed: 95% percentile bootstrap interval of the pooled median, {RESAMPLES:,} resamples "
@@ -60,7 +52,6 @@ MODEL_TIMES = (MODEL_MS, BASELINE_MS, IDENTITY_MS, MODEL_OP, BASELINE_OP)  # a p
 SPEED_ARM = re.compile(r"^speed/(?P<norm>\w+)/t(?P<threads>\d+)$")
 MODEL_ARM = re.compile(r"^speed/(?P<model>\w+)/(?P<norm>\w+)/t(?P<threads>\d+)$")
 MAX_SHARE = 1 - MAX_RATIO  # LayerNorm's share of a step below this: no norm can save 7% of it
-PREDICTION_BAND = 0.02  # |measured - predicted step ratio| within this: the share model holds
 EARLIER_LAYOUT = (
     "These speed runs are of the earlier layout (arms speed/<norm>/t<threads>: the GPT at d_model "
     "128 only, 10 warmup + 300 timed pairs of two twins at 1 and 2 threads), without the no-norm "
@@ -140,29 +131,6 @@ def _threads(n: int) -> str:
     return f"{n} thread" + ("s" if n != 1 else "")
 
 
-def _speed_claims(data: pd.DataFrame, threads: list[int]) -> list[IntervalClaim]:
-    claims = []
-    for norm, paper in (("rmsnorm", PAPER["faster"]), ("prmsnorm", PAPER["prms_faster"])):
-        for t in threads:
-            table = pairs(data, norm, t)
-            claims.append(
-                IntervalClaim(
-                    f"{NORMS[norm]} trains faster than LayerNorm by at least the paper's smallest "
-                    f"gain ({100 * (1 - MAX_RATIO):g}%), {_threads(t)}",
-                    paper,
-                    f"the median, over the timed pairs of all repeats pooled, of the pair's "
-                    f"ratio (step time of the model with {NORMS[norm]} / step time of the same "
-                    f"model with LayerNorm, both stepped on the same batch in the same process), "
-                    f"{_threads(t)}",
-                    ratio_interval(table),
-                    (BELOW, MAX_RATIO),
-                    CI_BOOTSTRAP,
-                    source="paper",
-                )
-            )
-    return claims
-
-
 # the quality grids: their arms' prefix -> whether the claim names its steps (the longer one)
 QUALITY = {"quality": False, "quality_long": True}
 
@@ -173,32 +141,52 @@ def quality_steps(data: pd.DataFrame, grid: str) -> int:
     return int(rows["x"].max()) if len(rows) else 0
 
 
-def _quality_claims(data: pd.DataFrame, grid: str = "quality") -> list[Claim]:
-    """Per norm of a quality grid (RMSNorm and pRMSNorm in `quality`, the norms run in the
-    others): its final val loss within LOSS_MARGIN of LayerNorm's."""
-    steps = quality_steps(data, grid)
-    base = final_loss(data, f"{grid}/{BASELINE}")
-    ran = {a.split("/")[-1] for a in data["arm"].unique() if a.startswith(f"{grid}/")}
-    norms = ("rmsnorm", "prmsnorm") if not QUALITY[grid] else [n for n in NORMS if n in ran]
-    after = f" after {steps:,} steps" if QUALITY[grid] else ""
-    return [
-        Claim(
-            f"{NORMS[norm]}'s val loss is within {LOSS_MARGIN:g} nats of LayerNorm's{after} "
-            "(comparable quality)",
-            PAPER["quality" if norm == "rmsnorm" else "prms"],
-            f"{NORMS[norm]}'s final val loss (after {steps} steps) minus LayerNorm's, nats",
-            paired(final_loss(data, f"{grid}/{norm}"), base),
-            (-LOSS_MARGIN, LOSS_MARGIN),
-            source="ours",
-            why=f"the paper reports comparable quality; the +-{LOSS_MARGIN:g}-nat band is this "
-            "suite's" + ("; five times the steps of the grid above, where pRMSNorm's interval "
-                         "was too wide to decide" if QUALITY[grid] else ""),
-            arms=(f"{grid}/{norm}", f"{grid}/{BASELINE}"),
-            final=True,
-        )
-        for norm in norms
-        if norm != BASELINE
-    ]
+# ----- what the declared claims (conf/reproduce/rmsnorm_speed.yaml) read ----------------------
+
+
+def quantities(data: pd.DataFrame) -> pd.DataFrame:
+    """runs.csv's rows and each quality arm's final_loss per seed (curves.final_loss: a
+    diverged job's at DIVERGED_LOSS), which no job logs."""
+    arms = sorted(a for a in data["arm"].unique() if a.split("/")[0] in QUALITY)
+    rows = [(a, seed, math.nan, "final_loss", v) for a in arms
+            for seed, v in final_loss(data, a).items()]  # fmt: skip
+    return pd.concat([data, pd.DataFrame(rows, columns=data.columns)], ignore_index=True)
+
+
+def words(data: pd.DataFrame, numbers: dict[tuple[str, str, int], dict]) -> dict:
+    """What the declared claims read from the data: the per-model arms held against LayerNorm
+    (`numbers`, _arm_numbers's; none for the earlier layout) with, where LayerNorm's share of a
+    step rules 7% out, that verdict; the earlier layout's thread counts; the quality grids'
+    norms (the first always for the earlier layout, else each grid that ran) and steps."""
+    model = [a for a in numbers if a[1] != BASELINE]
+    threads = [] if numbers else sorted({t for _, t in speed_arms(data)}) or [1, 2]
+    short = ["rmsnorm", "prmsnorm"] if not numbers or quality_steps(data, "quality") else []
+    ran = {a.split("/")[-1] for a in data["arm"].unique() if a.startswith("quality_long/")}
+    long = [n for n in NORMS if n in ran and n != BASELINE] if numbers else []
+    steps = quality_steps(data, "quality_long")
+    return {
+        "arm": [f"speed/{m}/{n}/t{t}" for m, n, t in model], "norm": [n for _, n, _ in model],
+        "name": [NORMS.get(n, n) for _, n, _ in model],  # a user's norm by its own name
+        "where": [f"{model_label(m)}, {_threads(t)}" for m, _, t in model],
+        "unreachable": [unreachable(numbers[a]["s"]) for a in model],
+        "pooled_t": threads, "pooled_threads": [_threads(t) for t in threads],
+        "short_norm": short, "short_name": [NORMS[n] for n in short],
+        "short_steps": str(quality_steps(data, "quality")),
+        "long_norm": long, "long_name": [NORMS[n] for n in long],
+        "long_steps": f"{steps:,}", "long_steps_plain": str(steps),
+    }  # fmt: skip
+
+
+def intervals(data: pd.DataFrame, numbers: dict[tuple[str, str, int], dict]) -> dict:
+    """The speed claims' bootstrap intervals by name, each with how it was computed: per
+    per-model arm its r, measured step ratio and gap to the prediction (`numbers`); for the
+    earlier layout the pooled median pair ratio per norm and thread count."""
+    if numbers:
+        return {f"speed/{m}/{n}/t{t}: {key}": (numbers[(m, n, t)][key], CI_JOINT)
+                for m, n, t in numbers for key in ("r", "measured", "gap")}  # fmt: skip
+    threads = sorted({t for _, t in speed_arms(data)}) or [1, 2]
+    return {f"speed/{norm}/t{t}: ratio": (ratio_interval(pairs(data, norm, t)), CI_BOOTSTRAP)
+            for norm in ("rmsnorm", "prmsnorm") for t in threads}  # fmt: skip
 
 
 def _ratio_panel(ax: plt.Axes, data: pd.DataFrame, arms: list[tuple[str, int]]) -> None:
@@ -268,7 +256,6 @@ def render(data: pd.DataFrame) -> Result:
     if model_arms(data):
         return render_shares(data)
     arms = speed_arms(data)
-    threads = sorted({t for _, t in arms}) or [1, 2]
     steps = quality_steps(data, "quality")
     fig, (ax_t, ax_loss) = plt.subplots(1, 2, figsize=(13, 4.6))
     _ratio_panel(ax_t, data, arms)
@@ -276,7 +263,8 @@ def render(data: pd.DataFrame) -> Result:
     fig.suptitle("RMSNorm vs LayerNorm: paired step time and val loss, Pre-LN char-level GPT "
                  "(Zhang & Sennrich 2019)")  # fmt: skip
     fig.tight_layout()
-    claims = _speed_claims(data, threads) + _quality_claims(data)
+    claims = declared.build(SPEED, quantities(data), words(data, {}),
+                            intervals=intervals(data, {}))  # fmt: skip
     notes = _notes(data, arms, steps) + ([EARLIER_LAYOUT] if arms else [])
     return Result(fig, claims, notes)
 
@@ -428,12 +416,6 @@ CI_JOINT = (
     f"steps drawn within each repeat (stratified; a step's times resampled together), RNG seed "
     f"{BOOTSTRAP_SEED}"
 )
-WHY_PREDICTION = (
-    f"the paper times whole models; if a step is LayerNorm's calls plus the rest, replacing "
-    f"them by calls r times as long makes the step 1 - s(1 - r) as long. +-{PREDICTION_BAND:g} "
-    f"is under a third of the paper's 7% gain, so a prediction within it reads the 7% verdict "
-    f"as the measurement does; outside it, the step is not the sum the share model assumes"
-)
 
 
 def unreachable(s: Interval) -> str:
@@ -443,44 +425,6 @@ def unreachable(s: Interval) -> str:
         return ""
     return (f"unreachable: LayerNorm is s={s.mean:.3f} [{s.low:.3f}, {s.high:.3f}] of the step, "
             f"so no norm can save {100 * MAX_SHARE:g}%")  # fmt: skip
-
-
-def _model_claims(arm: tuple[str, str, int], n: dict[str, Interval]) -> list[IntervalClaim]:
-    """One model, norm and thread count (its numbers `n`, _arm_numbers): the op-level ratio and
-    the step ratio against the paper's 7%, and the step ratio against its prediction."""
-    model, norm, t = arm
-    where = f"{model_label(model)}, {_threads(t)}"
-    paper = PAPER["prms_faster" if norm == "prmsnorm" else "faster"]
-    arms = (f"speed/{model}/{norm}/t{t}",)
-    name = NORMS.get(norm, norm)  # a user's norm (--norm, a report card) by its own name
-    return [
-        IntervalClaim(
-            f"{name}'s own calls take at least {100 * MAX_SHARE:g}% less time than LayerNorm's "
-            f"at the model's shapes, {where}", paper,
-            f"r: the median over timed steps of the time of the {name} calls of a step / that "
-            f"of the LayerNorm calls, each replayed alone (forward + backward) at the shapes "
-            f"the model gave them", n["r"], (BELOW, MAX_RATIO),
-            CI_JOINT, source="paper", arms=arms,
-        ),
-        IntervalClaim(
-            f"{name} trains faster than LayerNorm by at least the paper's smallest gain "
-            f"({100 * MAX_SHARE:g}%), {where}", paper,
-            f"the median over timed steps of the step time of the model with {name} / that of "
-            f"the same model with LayerNorm (stepped on the same batch in the same process)",
-            n["measured"], (BELOW, MAX_RATIO), CI_JOINT, source="paper",
-            arms=arms, precluded=unreachable(n["s"]),
-        ),
-        IntervalClaim(
-            f"{name}'s step ratio to LayerNorm is the one its share and op ratio predict, "
-            f"1 - s(1 - r), within {PREDICTION_BAND:g}, {where}",
-            "not stated (the paper times whole models)",
-            "measured step ratio - predicted, with s = LayerNorm's share of a step (1 - the "
-            "no-norm twin's step time / LayerNorm's) and r the op-level ratio, each a median "
-            "over the timed steps", n["gap"],
-            (-PREDICTION_BAND, PREDICTION_BAND), CI_JOINT, source="ours", why=WHY_PREDICTION,
-            arms=arms,
-        ),
-    ]  # fmt: skip
 
 
 def _arm_numbers(data: pd.DataFrame, arm: tuple[str, str, int]) -> dict[str, Interval]:
@@ -544,11 +488,10 @@ def render_shares(data: pd.DataFrame) -> Result:
     fig.suptitle("RMSNorm vs LayerNorm: step and op time ratios, LayerNorm's share of a step, "
                  "and val loss (Zhang & Sennrich 2019)")  # fmt: skip
     fig.tight_layout()
-    claims = [c for a in arms if a[1] != BASELINE for c in _model_claims(a, numbers[a])]
+    claims = declared.build(SPEED, quantities(data), words(data, numbers),
+                            intervals=intervals(data, numbers))  # fmt: skip
     notes = _share_notes(data, arms) + _notes(data, [], steps)[-1:] + _long_note(data)
     quality = sorted(a for a in data["arm"].unique() if a.split("/")[0] in QUALITY)
-    claims += [c for grid in QUALITY if quality_steps(data, grid) for c in
-               _quality_claims(data, grid)]  # fmt: skip
     return Result(fig, claims, notes, gates.gates(data, quality),
                   sections={"Norm share": share_table(numbers)})  # fmt: skip
 
