@@ -29,6 +29,7 @@ from normlab.analysis import (
     stats,
     sweep,
 )
+from normlab.analysis import claims as claims_mod
 from normlab.analysis.logs import Run, load_sweep, parse_overrides, pick, same_value
 from normlab.analysis.sweep import (
     Budget,
@@ -649,7 +650,8 @@ def test_ln_placement_slopes_of_the_gradient_at_init_per_seed():
     assert verdicts["Pre-LN, GPT, depth 6"] == stats.FAILS  # CI below -0.05: it shrinks
     assert verdicts["Post-LN, GPT, depth 12"] == stats.UNDECIDED  # CI contains 0
     assert verdicts["Pre-LN, GPT, depth 12"] == stats.FAILS  # CI above 0.05
-    band = (-ln_placement.MAX_PRE_SLOPE, ln_placement.MAX_PRE_SLOPE)  # flat: two-sided
+    flat = claims_mod.thresholds("ln_placement")["max_pre_slope"]  # as declared
+    band = (-flat, flat)  # flat: two-sided
     assert claims["Pre-LN, GPT, depth 6"].region == band
     plt.close(result.figure)
 
@@ -687,7 +689,8 @@ def test_ln_placement_warmup_gap_with_a_diverged_run_and_the_best_lrs(tmp_path: 
     reach = next(c for c in result.claims if c.claim.startswith("Pre-LN without warmup"))
     assert "Pre-LN at lr 0.0005, Post-LN at lr 0.001" in reach.quantity
     assert reach.values == pytest.approx([-0.10, -0.11, -0.09], abs=1e-5)
-    assert reach.verdict == stats.HOLDS and reach.region == (stats.BELOW, ln_placement.PRE_MARGIN)
+    assert reach.verdict == stats.HOLDS and reach.region == (
+        stats.BELOW, claims_mod.thresholds("ln_placement")["pre_margin"])
     assert any("post/lr0.001/w0 seeds [0]" in note for note in result.notes)
     plt.close(result.figure)
 

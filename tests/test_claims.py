@@ -141,23 +141,6 @@ def test_a_slope_is_log_log_per_seed_over_its_points_and_minus_pairs_by_seed(tmp
     assert gap.values == pytest.approx([1.5, 1.5])
 
 
-@pytest.mark.parametrize("listed, problem", [
-    ([{"each": {"x": [1]}, "claims": [_entry()], "kind": "value"}],
-     "a group is {each: ..., claims: [entries]}"),
-    ([_entry(kind="slope", of={"arm": "a"})], "a slope reads a list of {arm, x, at}"),
-    ([_entry(kind="slope", of=[{"arm": "a", "x": 1}])], "an arm to read is {arm, at, x}"),
-    ([{"each": {"x": [1]}, "claims": [_entry(kind="paired")]}],
-     "claims[0] at x=1: claims[0] ('a at 1'): kind 'paired' is not one of"),
-])  # fmt: skip
-def test_a_bad_group_or_slope_fails_in_one_line_naming_the_file_and_entry(tmp_path, listed,
-                                                                          problem):  # fmt: skip
-    path = _spec(tmp_path, listed)
-    with pytest.raises(ValueError) as raised:
-        claims.entries(yaml.safe_load(path.read_text()), path)  # as sweep.load checks it
-    message = str(raised.value)
-    assert "\n" not in message and message.startswith(f"{path}: claims[0]") and problem in message
-
-
 def test_from_data_the_analysis_does_not_give_fails_naming_the_file_and_entry(tmp_path):
     path = _spec(tmp_path, [_entry(each={"x": "from_data"})])
     claims.entries(yaml.safe_load(path.read_text()), path)  # loaded: checked once, unfilled
@@ -225,18 +208,59 @@ def test_a_choice_picks_a_value_by_a_word_and_keeps_the_order(tmp_path):
         ("b is fast", "b's quote"), ("b again", "quoted")]  # fmt: skip
 
 
+def _any_parts(**change) -> list:
+    """Two parts (at x 1 and 2) of an any claim, and the any claim."""
+    part = _entry(each={"x": [1, 2]}, of={"arm": "a", "x": "{x}"},
+                  part_of={"claim": "a at some x", "label": "x {x}"})
+    whole = {"claim": "a at some x", "kind": "any", "paper": "quoted", "source": "paper"}
+    return [part, {**whole, **change}]
+
+
 @pytest.mark.parametrize("listed, problem", [
+    ([{"each": {"x": [1]}, "claims": [_entry()], "kind": "value"}],
+     "a group is {each: ..., claims: [entries]}"),
+    ([_entry(kind="slope", of={"arm": "a"})], "a slope reads a list of {arm, x, at}"),
+    ([_entry(kind="slope", of=[{"arm": "a", "x": 1}])], "an arm to read is {arm, at, x}"),
+    ([{"each": {"x": [1]}, "claims": [_entry(kind="paired")]}],
+     "claims[0] at x=1: claims[0] ('a at 1'): kind 'paired' is not one of"),
     ([{k: v for k, v in _interval_entry().items() if k != "estimate"}],
      "an interval claim declares estimate"),
     ([_interval_entry(per_seed="words")], "an interval claim reads no per_seed"),
     ([_entry(interval="a: r")], "a value claim reads no interval"),
     ([_interval_entry(each={"arm": ["a"]}, paper={"by": "{arm}", "cases": {"b": "q"}})],
      "by 'a' names none of the cases (b) and there is no default"),
+    (_any_parts(claim="a at any x"), "part_of is {claim, label} naming an any claim declared"),
+    (_any_parts(region={"above": 0}), "an any claim reads no region"),
+    ([_entry(gates=["a (trained)", "b, trained"])], "unknown gate arm 'b, trained'"),
 ])  # fmt: skip
-def test_a_bad_interval_or_choice_fails_in_one_line_naming_the_file_and_entry(tmp_path, listed,
-                                                                              problem):  # fmt: skip
+def test_a_bad_entry_of_any_kind_fails_in_one_line_naming_the_file_and_entry(tmp_path, listed,
+                                                                             problem):  # fmt: skip
     path = _spec(tmp_path, listed)
     with pytest.raises(ValueError) as raised:
-        claims.entries(yaml.safe_load(path.read_text()), path)
+        claims.entries(yaml.safe_load(path.read_text()), path)  # as sweep.load checks it
     message = str(raised.value)
-    assert "\n" not in message and message.startswith(f"{path}: claims[0] (") and problem in message
+    assert "\n" not in message and message.startswith(f"{path}: claims[") and problem in message
+
+
+def test_an_any_claim_holds_on_any_of_the_parts_that_name_it_in_order(tmp_path):
+    _spec(tmp_path, _any_parts())
+    rows = [("a", s, x, "q", v) for x, values in ((1, [-1.0, -1.1, -0.9]), (2, [1.0, 1.1, 0.9]))
+            for s, v in enumerate(values)]  # fmt: skip
+    quantities = pd.DataFrame(rows, columns=["arm", "seed", "x", "metric", "value"])
+    one, two, whole = claims.build("toy", quantities, conf=tmp_path)
+    assert list(whole.parts) == ["x 1", "x 2"] and whole.parts["x 2"] is two
+    assert (one.verdict, two.verdict, whole.verdict) == (stats.FAILS, stats.HOLDS, stats.HOLDS)
+    assert whole.deciding == "x 2"
+
+
+def test_thresholds_fill_the_entries_and_are_read_where_declared(tmp_path):
+    path = _spec(tmp_path, [_entry(claim="a above {gap}", region={"above": "{gap}"})])
+    spec = {**yaml.safe_load(path.read_text()), "thresholds": {"gap": 0.5}}
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    (built,) = claims.build("toy", _quantities(), conf=tmp_path)
+    assert built.claim == "a above 0.5" and built.region == (0.5, stats.ABOVE)
+    assert claims.thresholds("toy", conf=tmp_path) == {"gap": 0.5}
+    with pytest.raises(ValueError, match="thresholds gap are also words of the data"):
+        claims.build("toy", _quantities(), {"gap": 1.0}, conf=tmp_path)
+
+

@@ -37,8 +37,11 @@ analysis may fill other {name}s from its data (`build`'s words): a list's values
 ", " in a string, and an item of a list that names it is repeated for each value (a slope's arms,
 its gates). A value may be picked by a word: `paper: {by: "{norm}", cases: {prmsnorm: "..."},
 default: "..."}` is the case its filled `by` names (default: none does), e.g. a quote per norm
-in one entry, so an `each` keeps its order. A claim no kind expresses stays code in its
-analysis module.
+in one entry, so an `each` keeps its order. An `any` claim holds where any of its parts does:
+its parts are the entries whose `part_of: {claim, label}` names it (e.g. a gap at each lr).
+A declaration's `thresholds: {name: number}` fill {name} like words (a region may read
+"{name}"), and its analysis shows them through `thresholds(NAME)`: each number has one home. A
+claim no kind expresses stays code in its analysis module.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ import yaml
 
 from normlab import layout
 from normlab.analysis import stats
-from normlab.analysis.report import PROVENANCE, Claim, CountClaim, IntervalClaim
+from normlab.analysis.report import PROVENANCE, AnyClaim, Claim, CountClaim, IntervalClaim
 
 # the kinds, and the second operand each reads beside `of` (None: `of` alone)
 KINDS = {
@@ -62,6 +65,7 @@ KINDS = {
     "count": "against",  # events (0 or 1 a seed) in `of` against `against`, each arm's seeds
     "slope": "minus",  # per seed: the log-log slope over `of`'s arms (minus `minus`'s), optional
     "interval": None,  # no per-seed values: the interval `build` is given by the name `interval`
+    "any": None,  # holds where any of its parts does: the entries whose `part_of` names it
 }
 FROM_DATA = "from_data"  # `each: {name: from_data}`: the values `build`'s words give name
 # an equivalence band's rules: a fraction of the paper's effect, one seed-to-seed SD of an
@@ -70,7 +74,7 @@ BANDS = {"fraction": ("fraction", "paper"), "sd": ("sd",), "band": ("band",)}
 KEYS = {"claim", "kind", "quantity", "of", *filter(None, KINDS.values()), "per_seed", "region",
         "gates", "final", "source", "why", "paper", "undecided", "log", "absent", "each",
         "present", "ceiling_against", "untrained_answers", "scale", "precluded", "interval",
-        "estimate"}  # fmt: skip
+        "estimate", "part_of"}  # fmt: skip
 REGIONS = {"above", "below", "within"}
 CHOICE = {"by", "cases", "default"}  # a value picked by a word: {by, cases} and default, optional
 
@@ -87,8 +91,15 @@ def build(name: str, quantities: pd.DataFrame, words: dict | None = None,
     `intervals` gives an interval claim's {name: (stats.Interval, how it was computed)}."""
     path = declaration(name, conf)
     spec = yaml.safe_load(path.read_text())
-    built = entries(spec, path, words or {})
-    return [_claim(e, quantities, intervals or {}) for e in built if _present(e, quantities)]
+    kept = [e for e in entries(spec, path, words or {}) if _present(e, quantities)]
+    built = [_claim(e, quantities, intervals or {}) if e["kind"] != "any" else None for e in kept]
+    return [c or _any(e, kept, built) for e, c in zip(kept, built, strict=True)]
+
+
+def thresholds(name: str, conf: Path | None = None) -> dict:
+    """NAME's declared `thresholds:` ({name: number}): the numbers its claims' rules use, for
+    the figure and notes that show them."""
+    return dict(yaml.safe_load(declaration(name, conf).read_text()).get("thresholds") or {})
 
 
 def entries(spec: dict, path: Path, words: dict | None = None) -> list[dict]:
@@ -98,12 +109,23 @@ def entries(spec: dict, path: Path, words: dict | None = None) -> list[dict]:
     before any data) an entry over values from the data is checked once, its {names} unfilled."""
     arms = [a for g in spec.get("grids", {}).values() for a in g.get("arms", {})]
     arms += [f"{g}/${{norm}}" for g in spec.get("norm_grids", ())]  # --norm's (sweep.norm_arm)
+    fixed = spec.get("thresholds") or {}
+    clash = sorted(set(fixed) & set(words or {}))
+    if clash:
+        raise ValueError(f"{path}: thresholds {', '.join(clash)} are also words of the data")
     out = []
     for where, one in _expand(spec.get("claims") or [], f"{path}: claims", words):
-        one = _choose(_fill(one, words or {}), where)
+        one = _choose(_fill(one, {**fixed, **(words or {})}), where)
         _check(one, arms, where)
-        out.append(one)
-    return out
+        out.append((where, one))
+    wholes = {e["claim"] for _, e in out if e["kind"] == "any"}
+    for where, one in out:
+        part_of = one.get("part_of")
+        if part_of is not None and (not isinstance(part_of, dict) or set(part_of) != {"claim",
+                                    "label"} or part_of["claim"] not in wholes):  # fmt: skip
+            raise ValueError(f"{where}: part_of is {{claim, label}} naming an any claim "
+                             f"declared here, got {part_of!r}")  # fmt: skip
+    return [one for _, one in out]
 
 
 def _where(at: str, entry: dict) -> str:
@@ -212,15 +234,16 @@ def _names(value, key: str) -> bool:
 
 def _known(arm: str, arms: list[str], gate: bool = False) -> bool:
     """An arm a grid declares (a templated one, e.g. deep/${x}, matched loosely); a gate arm
-    may be one followed by /its setting (gn_batch_size's batchnorm/b2). An arm still naming
-    {words} (checked before any data) matches loosely too."""
+    may be one followed by /its setting (gn_batch_size's batchnorm/b2) or by a qualifier in
+    brackets (ln_placement's "post/lr0.001/w0 (trained seeds)"). An arm still naming {words}
+    (checked before any data) matches loosely too."""
     if re.search(r"\{[^}]*\}", arm):
         loose = re.sub(r"\\\{[^}]*\\\}", ".+", re.escape(arm))
         if any(re.fullmatch(loose, re.sub(r"\$\{[^}]*\}", "x", a)) for a in arms):
             return True
     for a in arms:
         pattern = re.sub(r"\\\$\\\{[^}]*\\\}", ".+", re.escape(a))
-        if re.fullmatch(pattern + (r"(/.+)?" if gate else ""), arm):
+        if re.fullmatch(pattern + (r"(/.+| \(.+\))?" if gate else ""), arm):
             return True
     return False
 
@@ -237,10 +260,10 @@ def _check(entry: dict, arms: list[str], where: str) -> None:
         fail(f"kind {kind!r} is not one of {', '.join(KINDS)}")
     second, interval = KINDS[kind], ["interval", "estimate"]  # an interval's, not per seed
     a_kind = ("an " if kind[0] in "aeiou" else "a ") + kind
-    reads = ["quantity", "of", "per_seed"] if kind != "interval" else interval
+    reads = {"interval": interval, "any": []}.get(kind, ["quantity", "of", "per_seed"])
     needed = ["claim", *reads, "paper", "source"]
     needed += [second] if second and kind != "slope" else []  # a slope's minus is optional
-    needed += [] if kind == "count" else ["region"]
+    needed += [] if kind in ("count", "any") else ["region"]
     missing = [key for key in needed if key not in entry]
     if missing:
         fail(f"{a_kind} claim declares {', '.join(missing)}")
@@ -248,7 +271,8 @@ def _check(entry: dict, arms: list[str], where: str) -> None:
     extra += [key for key in ("scale",) if key in entry and kind != "difference"]
     extra += [key for key in ("log",) if key in entry and kind != "value"]
     others = ["quantity", "of", "per_seed", "present"] if kind == "interval" else interval
-    extra += [key for key in others if key in entry]
+    others += ["quantity", "of", "per_seed", "region", "gates", "absent"] if kind == "any" else []
+    extra += [key for key in dict.fromkeys(others) if key in entry]
     if extra:
         fail(f"{a_kind} claim reads no {', '.join(extra)}")
     if entry["source"] not in PROVENANCE:
@@ -406,6 +430,15 @@ def _claim(entry: dict, quantities: pd.DataFrame, intervals: dict):
         log = kind == "ratio"
     return Claim(**words, values=values, region=_region(entry["region"], _fail), log=log,
                  **undecided, **shared)  # fmt: skip
+
+
+def _any(entry: dict, kept: list[dict], built: list) -> AnyClaim:
+    """An any entry's AnyClaim: its parts are the kept entries whose part_of names it, by
+    their labels, in order."""
+    parts = {e["part_of"]["label"]: c for e, c in zip(kept, built, strict=True)
+             if (e.get("part_of") or {}).get("claim") == entry["claim"]}  # fmt: skip
+    return AnyClaim(entry["claim"], entry["paper"], parts=parts, source=entry["source"],
+                    why=entry.get("why", ""))  # fmt: skip
 
 
 def _interval(entry: dict, intervals: dict, shared: dict) -> IntervalClaim:

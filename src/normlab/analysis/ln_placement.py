@@ -1,4 +1,3 @@
-# Over 400 lines: one paper's extraction, gradient and warmup claims and figure
 """ln_placement: Xiong et al. 2020, gradients of W2 at init by layer (Fig. 3) and warmup.
 
 Two grids. `init` (experiment=ln_placement_init, 10 seeds): each block's ||dL/dW2|| at init,
@@ -17,6 +16,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from normlab.analysis import claims as declared
 from normlab.analysis import gates
 from normlab.analysis.curves import (
     DIVERGED_LOSS,
@@ -29,21 +29,8 @@ from normlab.analysis.curves import (
     val_loss_rows,
 )
 from normlab.analysis.logs import Run
-from normlab.analysis.report import AnyClaim, Claim, CountClaim, Result
-from normlab.analysis.stats import ABOVE, BELOW, Interval
-
-# ----- the paper's claims (Xiong et al. 2020, "On Layer Normalization in the Transformer") -----
-PAPER = {
-    "grad_post": "Fig. 3: at init, the gradient norm of W2 in Post-LN grows with the layer index",
-    "grad_pre": "Fig. 3: at init, the gradient norm of W2 in Pre-LN stays about the same for "
-    "every layer",
-    "post_warmup": "Post-LN without warmup: 8.45 BLEU vs ~34 with warmup (IWSLT14 De-En)",
-    "pre_no_warmup": "Pre-LN without warmup reaches the quality of Post-LN with warmup, faster",
-}
-# ----- thresholds of the rules ----------------------------------------------------------------
-MAX_PRE_SLOPE = 0.05  # per layer: "does not grow" = ln(grad norm) rises by less than this a layer
-MIN_LOSS_GAP = 0.05  # nats of val loss: "needs warmup" = worse without it by more than this
-PRE_MARGIN = 0.05  # nats: Pre-LN "reaches" Post-LN's quality = at most this much worse
+from normlab.analysis.report import Result
+from normlab.analysis.stats import Interval
 
 INIT = "ln_placement_init"
 PLACEMENTS = {"post": "Post-LN", "pre": "Pre-LN"}
@@ -116,13 +103,11 @@ def grad_panels(data: pd.DataFrame) -> list[tuple[str, dict[str, str], str]]:
     return panels
 
 
-def slopes(table: pd.DataFrame) -> list[float]:
-    """Per seed: the least-squares slope of ln(gradient norm) against the layer index."""
+def slopes(table: pd.DataFrame) -> pd.Series:
+    """{seed: the least-squares slope of ln(gradient norm) against the layer index}."""
     layers = np.asarray(table.columns, dtype=float)
-    return [
-        float(np.polyfit(layers, np.log(row.to_numpy(float)), 1)[0])
-        for _, row in table.dropna().iterrows()
-    ]
+    return pd.Series({seed: float(np.polyfit(layers, np.log(row.to_numpy(float)), 1)[0])
+                      for seed, row in table.dropna().iterrows()}, dtype=float)  # fmt: skip
 
 
 def warmup_grid(data: pd.DataFrame) -> tuple[list[float], int]:
@@ -131,6 +116,10 @@ def warmup_grid(data: pd.DataFrame) -> tuple[list[float], int]:
     lrs = sorted({float(m["lr"]) for m in found})
     warm = max((int(m["warmup"]) for m in found), default=0)
     return lrs, warm
+
+
+def _warmup_arms(data: pd.DataFrame) -> list[str]:
+    return sorted(a for a in data["arm"].unique() if WARMUP_ARM.match(a))
 
 
 def _arm(placement: str, lr: float, warmup: int) -> str:
@@ -147,34 +136,6 @@ def best_lr(data: pd.DataFrame, placement: str, lrs: list[float], warmup: int) -
     means = {lr: final_loss(data, _arm(placement, lr, warmup)).mean() for lr in lrs}
     means = {lr: m for lr, m in means.items() if not math.isnan(m)}
     return min(means, key=means.get) if means else None
-
-
-def _grad_claims(data: pd.DataFrame) -> list[Claim]:
-    """Per profile: Post-LN's slope above 0; Pre-LN's within +-MAX_PRE_SLOPE (flat)."""
-    claims = []
-    for title, arms, name in grad_panels(data):
-        layers = grad_norms(data, arms["post"], name).shape[1]
-        quantity = (
-            f"slope of ln(||dL/dW2||) against the layer index (least squares over the {layers} "
-            "layers; ||dL/dW2|| averaged over the batches), per layer"
-        )
-        claims.append(Claim(
-            f"Post-LN, {title}: W2's gradient norm at init grows with the layer index",
-            PAPER["grad_post"], quantity, slopes(grad_norms(data, arms["post"], name)),
-            (0.0, ABOVE), source="paper", arms=(arms["post"],),
-            absent=(-MAX_PRE_SLOPE, MAX_PRE_SLOPE),
-            absent_why=f"flat by the band this suite calls Pre-LN's profile flat (+-"
-            f"{MAX_PRE_SLOPE:g} a layer), fixed before any slope was measured",
-        ))  # fmt: skip
-        claims.append(Claim(
-            f"Pre-LN, {title}: W2's gradient norm at init is flat over the layers (|slope| below "
-            f"{MAX_PRE_SLOPE:g} per layer: within {100 * math.expm1(MAX_PRE_SLOPE):.0f}% a layer)",
-            PAPER["grad_pre"], quantity, slopes(grad_norms(data, arms["pre"], name)),
-            (-MAX_PRE_SLOPE, MAX_PRE_SLOPE), source="ours", arms=(arms["pre"],),
-            why=f"the paper shows Pre-LN's profile flat; the band +-{MAX_PRE_SLOPE:g} a layer is "
-            "this suite's",
-        ))  # fmt: skip
-    return claims
 
 
 def _stuck(data: pd.DataFrame, arm: str) -> pd.Series | None:
@@ -203,109 +164,73 @@ def _trained_pair(data: pd.DataFrame, lr: float, warm: int) -> tuple[pd.DataFram
     return rows.assign(arm=rows["arm"] + TRAINED), seeds
 
 
-def _count_claims(data: pd.DataFrame, lr: float, warm: int) -> tuple[CountClaim, Claim, list[int]]:
-    """At one lr: how often Post-LN did not train without warmup against with it (Fisher), the
-    paired gap among the seeds that trained in both, and those seeds."""
-    a, b = _arm("post", lr, 0), _arm("post", lr, warm)
-    stuck_a, stuck_b = _stuck(data, a), _stuck(data, b)
-    rows, seeds = _trained_pair(data, lr, warm)
-    count = CountClaim(
-        f"Post-LN at lr {lr:g}: without warmup more seeds fail to train than with {warm} steps",
-        PAPER["post_warmup"],
-        "seeds that did not train (diverged, or a final val loss within "
-        f"{gates.TRAINED_MARGIN:.0%} of the unigram loss) without warmup against with it",
-        (int(stuck_a.sum()), len(stuck_a), int(stuck_b.sum()), len(stuck_b)),
-        source="ours",
-        why="the paper shows Post-LN failing without warmup (8.45 BLEU); counting failed seeds "
-        "is this suite's reading of it at this scale",
-    )  # fmt: skip
-    gap = Claim(
-        f"Post-LN at lr {lr:g}, seeds that trained in both: without warmup the val loss is more "
-        f"than {MIN_LOSS_GAP:g} nats worse",
-        PAPER["post_warmup"],
-        f"Post-LN's final val loss without warmup minus with {warm} warmup steps, nats, over the "
-        f"seeds that trained in both arms ({', '.join(map(str, seeds)) or 'none'})",
-        paired(final_loss(rows, a + TRAINED), final_loss(rows, b + TRAINED)),
-        (MIN_LOSS_GAP, ABOVE),
-        source="ours",
-        why=f"the paper shows warmup needed; the {MIN_LOSS_GAP:g}-nat margin is this suite's",
-        arms=(a + TRAINED, b + TRAINED),
-        final=True,
-    )  # fmt: skip
-    return count, gap, seeds
-
-
-def _gap_claim(data: pd.DataFrame, lr: float, warm: int) -> Claim:
-    """At one lr without gate rows (older runs): the paired gap over every seed."""
-    return Claim(
-        f"Post-LN needs warmup at lr {lr:g}: without it the val loss is more than "
-        f"{MIN_LOSS_GAP:g} nats worse",
-        PAPER["post_warmup"],
-        f"Post-LN's final val loss without warmup minus with {warm} warmup steps, nats (a "
-        f"diverged job counts as ln {VOCAB} = {DIVERGED_LOSS:.3f}, a uniform prediction's loss)",
-        warmup_gap(data, lr, warm),
-        (MIN_LOSS_GAP, ABOVE),
-        source="ours",
-        why=f"the paper shows warmup needed; the {MIN_LOSS_GAP:g}-nat margin is this suite's",
-        arms=(_arm("post", lr, 0), _arm("post", lr, warm)),
-        final=True,
-    )  # fmt: skip
-
-
-def _warmup_claims(data: pd.DataFrame, lrs: list[float], warm: int) -> tuple[list, list[str]]:
-    """Post-LN needs warmup per lr (failed seeds by Fisher's test and the gap among trained
-    seeds where the runs have gate rows, the gap over all seeds where not) and at some lr; Pre-LN
-    without it reaches Post-LN with it. Also the lrs whose gap is left out, as fewer than
-    gates.MIN_SEEDS seeds trained in both arms there (only the count is tested)."""
-    per_lr: dict[str, Claim] = {}
-    claims: list = []
-    left_out: list[str] = []
+def quantities(data: pd.DataFrame) -> pd.DataFrame:
+    """What the declared claims read per seed: each profile's slope (`slope/<name>`, under
+    Post-LN's or Pre-LN's arm); per warmup arm its `final_loss` (a diverged job's at
+    DIVERGED_LOSS); per lr of Post-LN with gate rows in both arms, whether a seed did not train
+    (`stuck`) and, where at least gates.MIN_SEEDS trained in both, those seeds' final losses
+    (`final_loss_trained`); per lr without gate rows, every seed's (`final_loss_ungated`)."""
+    rows = [(arms[p], seed, math.nan, f"slope/{name}", v)
+            for _, arms, name in grad_panels(data) for p in PLACEMENTS
+            for seed, v in slopes(grad_norms(data, arms[p], name)).items()]  # fmt: skip
+    rows += [(a, seed, math.nan, "final_loss", v) for a in _warmup_arms(data)
+             for seed, v in final_loss(data, a).items()]  # fmt: skip
+    lrs, warm = warmup_grid(data)
     for lr in lrs:
+        arms = [_arm("post", lr, w) for w in (0, warm)]
         if not _counted(data, lr, warm):
-            per_lr[f"lr {lr:g}"] = _gap_claim(data, lr, warm)
-            claims.append(per_lr[f"lr {lr:g}"])
+            rows += [(a, seed, math.nan, "final_loss_ungated", v) for a in arms
+                     for seed, v in final_loss(data, a).items()]  # fmt: skip
             continue
-        count, gap, seeds = _count_claims(data, lr, warm)
-        claims.append(count)
-        if len(seeds) < gates.MIN_SEEDS:  # a note says so
-            names = ", ".join(map(str, seeds)) or "none"
-            left_out.append(f"lr {lr:g} ({len(seeds)} of {count.counts[1]}: seed {names})")
-            continue
-        per_lr[f"lr {lr:g}"] = gap
-        claims.append(gap)
-    claims.append(
-        AnyClaim(
-            "Post-LN needs warmup at some lr (its val loss gap)",
-            PAPER["post_warmup"],
-            per_lr,
-            source="paper",
-        )  # fmt: skip
-    )
+        rows += [(a, seed, math.nan, "stuck", v) for a in arms
+                 for seed, v in _stuck(data, a).items()]  # fmt: skip
+        trained, seeds = _trained_pair(data, lr, warm)
+        if len(seeds) >= gates.MIN_SEEDS:
+            rows += [(a, seed, math.nan, "final_loss_trained", v) for a in arms
+                     for seed, v in final_loss(trained, a + TRAINED).items()]  # fmt: skip
+    return pd.DataFrame(rows, columns=["arm", "seed", "x", "metric", "value"])
+
+
+def words(data: pd.DataFrame) -> dict:
+    """What the declared claims read from the data: the profiles (panel, arms, metric, layers),
+    the warmup grid's lrs with the seeds that trained in both Post-LN arms at each, its warmup
+    length, the best lrs of the Pre-LN claim, and the words of the encodings."""
+    panels = grad_panels(data)
+    lrs, warm = warmup_grid(data)
     post_lr, pre_lr = best_lr(data, "post", lrs, warm), best_lr(data, "pre", lrs, 0)
-    values = []
-    if post_lr is not None and pre_lr is not None:
-        values = paired(
-            final_loss(data, _arm("pre", pre_lr, 0)), final_loss(data, _arm("post", post_lr, warm))
-        )
-    chosen = f"Pre-LN at lr {pre_lr:g}, Post-LN at lr {post_lr:g}" if values else "n/a"
-    claims.append(
-        Claim(
-            "Pre-LN without warmup reaches the val loss of Post-LN with warmup (each at its best "
-            f"lr): at most {PRE_MARGIN:g} nats worse",
-            PAPER["pre_no_warmup"],
-            "Pre-LN's final val loss without warmup minus Post-LN's with "
-            f"{warm} warmup steps, nats, each at the lr of its lowest mean over seeds ({chosen}); "
-            f"a diverged job counts as {DIVERGED_LOSS:.3f}",
-            values,
-            (BELOW, PRE_MARGIN),
-            source="ours",
-            why=f"the paper reports comparable or better loss; the {PRE_MARGIN:g}-nat margin is "
-            "this suite's",
-            arms=(_arm("pre", pre_lr, 0), _arm("post", post_lr, warm)) if values else (),
-            final=True,
-        )
-    )
-    return claims, left_out
+    chosen = post_lr is not None and pre_lr is not None
+    return {
+        "panel": [t for t, _, _ in panels], "post": [a["post"] for _, a, _ in panels],
+        "pre": [a["pre"] for _, a, _ in panels], "grad": [n for _, _, n in panels],
+        "layers": [grad_norms(data, a["post"], n).shape[1] for _, a, n in panels],
+        "flat_percent": f"{100 * math.expm1(_threshold('max_pre_slope')):.0f}",
+        "lr": [f"{lr:g}" for lr in lrs], "warm": warm,
+        "trained": [", ".join(map(str, _trained_pair(data, lr, warm)[1])) or "none"
+                    if _counted(data, lr, warm) else "" for lr in lrs],  # fmt: skip
+        "trained_margin": f"{gates.TRAINED_MARGIN:.0%}",
+        "pre_lr": f"{pre_lr:g}" if chosen else "n/a",
+        "post_lr": f"{post_lr:g}" if chosen else "n/a",
+        "chosen": f"Pre-LN at lr {pre_lr:g}, Post-LN at lr {post_lr:g}" if chosen else "n/a",
+        "reach_arms": [_arm("pre", pre_lr, 0), _arm("post", post_lr, warm)] if chosen else [],
+        "diverged": f"ln {VOCAB} = {DIVERGED_LOSS:.3f}", "diverged_loss": f"{DIVERGED_LOSS:.3f}",
+    }  # fmt: skip
+
+
+def _threshold(name: str) -> float:
+    return float(declared.thresholds("ln_placement")[name])
+
+
+def _left_out(data: pd.DataFrame, lrs: list[float], warm: int) -> list[str]:
+    """The lrs whose gap among the seeds that trained in both Post-LN arms is not claimed, as
+    fewer than gates.MIN_SEEDS did (only their count is tested), each with those seeds."""
+    out = []
+    for lr in lrs:
+        if _counted(data, lr, warm):
+            seeds, n = _trained_pair(data, lr, warm)[1], len(_stuck(data, _arm("post", lr, 0)))
+            if len(seeds) < gates.MIN_SEEDS:
+                out.append(f"lr {lr:g} ({len(seeds)} of {n}: seed "
+                           f"{', '.join(map(str, seeds)) or 'none'})")  # fmt: skip
+    return out
 
 
 def _band(ax: plt.Axes, table: pd.DataFrame, color: str, label: str) -> None:
@@ -387,8 +312,7 @@ def _grad_panel(ax: plt.Axes, data: pd.DataFrame, title: str, arms: dict, name: 
 
 def _gates(data: pd.DataFrame, lrs: list[float], warm: int) -> list[gates.Gate]:
     """The warmup arms' gates, and those of each Post-LN pair's seeds that trained in both."""
-    arms = sorted(a for a in data["arm"].unique() if WARMUP_ARM.match(a))
-    found = gates.gates(data, arms)
+    found = gates.gates(data, _warmup_arms(data))
     for lr in lrs:
         if _counted(data, lr, warm):
             rows, _ = _trained_pair(data, lr, warm)
@@ -416,16 +340,17 @@ def render(data: pd.DataFrame) -> Result:
     fig.suptitle("LayerNorm placement: gradients at init (char-level GPT, 6-6 encoder-decoder) "
                  "and warmup (GPT) (Xiong et al. 2020)")  # fmt: skip
     fig.tight_layout()
-    warmup, left_out = _warmup_claims(data, lrs, warm)
-    claims = _grad_claims(data) + warmup
-    return Result(fig, claims, _notes(data, lrs, left_out), gates=_gates(data, lrs, warm))
+    claims = declared.build("ln_placement", quantities(data), words(data))
+    return Result(fig, claims, _notes(data, lrs, _left_out(data, lrs, warm)),
+                  gates=_gates(data, lrs, warm))
 
 
 def _notes(data: pd.DataFrame, lrs: list[float], left_out: list[str]) -> list[str]:
     """How the quantities were measured and encoded, with the numbers they depend on; the lrs
-    whose gap among the seeds that trained in both was left out (`_warmup_claims`)."""
+    whose gap among the seeds that trained in both was left out (`_left_out`)."""
     pre = {title: slopes(grad_norms(data, arms["pre"], name))
            for title, arms, name in grad_panels(data)}  # fmt: skip
+    band = _threshold("max_pre_slope")
     left = []
     if left_out:
         left.append(
@@ -445,9 +370,9 @@ def _notes(data: pd.DataFrame, lrs: list[float], left_out: list[str]) -> list[st
         "sinusoids; it reads 64 characters and predicts the next 64; Pre-LN with a final "
         "LayerNorm per stack. A seed sets the init and the batches, shared by the placements.",
         f"Pre-LN's rule is two-sided: flat holds when the slope's CI lies within "
-        f"+-{MAX_PRE_SLOPE:g} per layer, and does not hold when it lies wholly outside (the "
+        f"+-{band:g} per layer, and does not hold when it lies wholly outside (the "
         "gradient grows, or shrinks, by more than that a layer). Mean Pre-LN slopes per layer: "
-        + ", ".join(f"{t}: {np.mean(v):+.3f}" for t, v in pre.items() if v)
+        + ", ".join(f"{t}: {np.mean(v):+.3f}" for t, v in pre.items() if len(v))
         + ".",
         "Warmup (grid `warmup`, experiment=ln_placement): a seed sets the init and the training "
         "windows (data.seed follows seed); the arms of a seed share both. The val loss is the "
