@@ -55,11 +55,8 @@ NORMS = {"layernorm": "LayerNorm", "dyt": "DyT", "rmsnorm": "RMSNorm"}
 RECIPE = f"{GPT}/dyt_recipe"  # DyT with the authors' LLaMA recipe at the pilot's best alpha0s
 RECIPE_LABEL = "DyT, LLaMA recipe"
 PILOT_ARM = re.compile(r"^pilot/a(?P<attn>[\d.]+)_f(?P<ffn>[\d.]+)$")
-# ----- the claims: conf/reproduce/dyt_vs_ln.yaml's claims:, built by normlab.analysis.claims; its
-# bands are these (the figure and notes draw them) -----------------------------------------------
-LOSS_MARGIN = 0.05  # nats, as rmsnorm_quality's "comparable" (same GPT, same 600 steps)
-FID_MARGIN = 0.10  # "matches" = fid_lenet ratio within [1 - this, 1 + this]
-TANH_GAIN = 0.5  # tanh-like: a fitted tanh leaves at most this share of a line's unexplained var
+# the claims: conf/reproduce/dyt_vs_ln.yaml's claims:, built by normlab.analysis.claims; its bands
+# are its thresholds: (the figure and notes draw them, read by `_band`)
 
 LN_MAP_FILE = "ln_map.csv"
 WINDOWS = 2  # validation batches (of the run's batch windows) fed through the model
@@ -316,6 +313,10 @@ def quantities(data: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([data, pd.DataFrame(rows, columns=data.columns)], ignore_index=True)
 
 
+def _band(name: str) -> float:
+    return float(declared.thresholds("dyt_vs_ln")[name])
+
+
 def words(data: pd.DataFrame) -> dict:
     """What the declared claims read from the data: the GPT arms held against LayerNorm and
     RMSNorm, each DiT grid's (`_dit_words`), the long grids' bases that ran and their steps,
@@ -332,7 +333,8 @@ def words(data: pd.DataFrame) -> dict:
             **_dit_words(data), "recipe": RECIPE_LABEL,
             "long_base": [b for b, _ in bases], "long_name": [n for _, n in bases],
             "long_steps": [f"{_steps(data, b):,}" for b, _ in bases], "windows": WINDOWS,
-            "deeper": f"the LN layers from block {deeper} on and the final norm"}  # fmt: skip
+            "deeper": f"the LN layers from block {deeper} on and the final norm",
+            "fid_percent": f"{_band('fid_high') - 1:.0%}"}  # fmt: skip
 
 
 def _dit_words(data: pd.DataFrame) -> dict[str, list[str]]:
@@ -502,7 +504,7 @@ def _dit_panel(ax: plt.Axes, data: pd.DataFrame) -> None:
 def _u_panel(ax: plt.Axes, fits: pd.DataFrame) -> None:
     for seed, g in fits.groupby("seed"):
         ax.plot(g["depth"], g["u"], "o-", alpha=0.6, lw=1, label=f"seed {seed}")
-    ax.axhline(TANH_GAIN, color="grey", ls="--", lw=1)
+    ax.axhline(_band("tanh_gain"), color="grey", ls="--", lw=1)
     ax.set_yscale("log")
     ax.set(xlabel="LN layer (depth order; last = final norm)",
            ylabel="u = (1-R² tanh) / (1-R² line)",
@@ -565,8 +567,9 @@ def render(data: pd.DataFrame) -> Result:
         "hyperparameters (the paper's drop-in protocol), DyT at the paper's alpha0 0.5 in every "
         "place a norm sits (both norms of each block and the final norm; in the DiT, under "
         "adaLN-Zero, with the affine from the condition).",
-        f"Margins: the paper's LLaMA losses differ by at most 0.01 nats, here +-{LOSS_MARGIN:g} "
-        f"nats; its DiT FIDs by -1.5% to +4.5%, here +-{FID_MARGIN:.0%} on fid_lenet (a LeNet "
+        f"Margins: the paper's LLaMA losses differ by at most 0.01 nats, here "
+        f"+-{_band('loss_margin'):g} nats; its DiT FIDs by -1.5% to +4.5%, here "
+        f"+-{_band('fid_high') - 1:.0%} on fid_lenet (a LeNet "
         "feature space on Fashion-MNIST, not Inception's; compare only at equal sample counts).",
         f"{RECIPE_LABEL} (the authors' fms-fsdp LLaMA code): DyT without its bias, alpha0 set "
         "apart for the attention-input, FFN-input and final norms (their 7B: 0.8, 0.2, 0.2), an "
@@ -585,8 +588,8 @@ def render(data: pd.DataFrame) -> Result:
         "LN maps: every (input, output before the affine) pair of every channel and token of "
         f"{WINDOWS} validation batches through each LN layer of each trained LayerNorm GPT; the "
         "scatter shows a random sample plus the largest inputs. A tanh nests a line (b -> 0), "
-        f"so u <= 1 by construction: the claim asks for u <= {TANH_GAIN:g}, and the second "
-        "compares depths, which can go either way.",
+        f"so u <= 1 by construction: the claim asks for u <= {_band('tanh_gain'):g}, and the "
+        "second compares depths, which can go either way.",
     ]
     grids = tuple(g + "/" for g in (GPT, PILOT, LONG, *DITS))
     arms = sorted(a for a in data["arm"].unique() if a.startswith(grids))
