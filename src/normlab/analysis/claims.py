@@ -1,4 +1,4 @@
-# Over 400 lines: a declaration's grammar (kinds, each, groups, choices) and its checks
+# Over 400 lines: a declaration's grammar (kinds, each, groups, choices, any, thresholds) and checks
 """A reproduction's claims as data: the `claims:` list of conf/reproduce/NAME.yaml, built into
 Claim objects (normlab.analysis.report) from the per-seed quantities its analysis extracted.
 
