@@ -44,6 +44,18 @@ def test_slots_are_declared_with_their_reproductions_and_join_its_norm_grids():
     assert _slot("ln_rnn").arm("mine") == "mine" and _slot("dyt_vs_ln").arm("mine") == "gpt/mine"
 
 
+def test_a_slot_on_a_grid_with_a_raised_cap_gets_that_cap(tmp_path):
+    """A grid's `cap:` raises its claims' cap (sequential.Caps, as --decide reads it): a slot on
+    that grid runs to it, a slot on another grid to the reproduction's."""
+    import yaml
+
+    spec = yaml.safe_load((CONF / "dyt_vs_ln.yaml").read_text())
+    spec["grids"]["gpt"].update(cap=15, cap_why="a test's raise")
+    (tmp_path / "dyt_vs_ln.yaml").write_text(yaml.safe_dump(spec))
+    caps = {s.grid: s.cap for s in card.slots(tmp_path)}
+    assert caps == {"gpt": 15, "dit": 12}
+
+
 def test_a_builtin_norms_rows_come_from_the_committed_evidence_by_the_rules():
     """BN against the no-norm MLP: better on every quantity (the reproduction's own claims
     hold); a quantity the norm never ran reads 'not run', not a verdict."""

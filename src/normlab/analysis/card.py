@@ -26,7 +26,7 @@ from normlab.analysis import gates, stats
 from normlab.analysis.bn_lenet import SMOOTH, auc, smooth, steps_to
 from normlab.analysis.curves import metric
 from normlab.analysis.report import Claim, verdict_kind
-from normlab.analysis.sweep import Reproduction, norm_arm
+from normlab.analysis.sweep import load, norm_arm
 from normlab.tables import markdown_table
 
 VERDICTS = {stats.HOLDS: "better", stats.FAILS: "worse", gates.ABSENT: "equivalent"}
@@ -120,7 +120,7 @@ class Slot:
     # the norm's name, as the slot's overrides render it (e.g. init/{norm}/post/d12)
     norm_arm: str = ""
     initial: int = gates.MIN_SEEDS  # the reproduction's declared seeds: the design's first look
-    cap: int = gates.MIN_SEEDS  # ... and its last (normlab.analysis.sequential)
+    cap: int = gates.MIN_SEEDS  # ... and its last (its grid's raised cap: sequential.Caps)
     # how a baseline's committed jobs are checked under today's code (normlab.analysis.
     # baselines): {steps: N, metrics: [...]}, the first N steps replayed and those metrics'
     # committed values up to step N compared; {} where the slot declares no replay
@@ -150,14 +150,13 @@ def slots(conf: Path) -> list[Slot]:
     for path in sorted(conf.glob("*.yaml"), key=lambda p: (yaml.safe_load(p.read_text())
                                                            .get("order", 99), p.stem)):  # fmt: skip
         spec = yaml.safe_load(path.read_text())
-        seeds = spec.get("seeds", {})
+        repro = load(path) if spec.get("card") else None  # its seeds and caps, as --decide's
         for s in spec.get("card", ()):
             found.append(Slot(path.stem, s["slot"], s["grid"], dict(s["arms"]),
                               tuple(s["baselines"]), tuple(s["quantities"]), s["delta_why"],
                               tuple(map(str, s.get("overrides", ()))), dict(s.get("needs", {})),
                               s.get("needs_why", ""), s.get("norm_arm", ""),
-                              seeds.get("initial", Reproduction.initial_seeds),
-                              seeds.get("cap", Reproduction.seed_cap),
+                              repro.initial_seeds, repro.caps().of(tuple(s["arms"].values())),
                               dict(s.get("replay") or {})))  # fmt: skip
     return found
 

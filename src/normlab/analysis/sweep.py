@@ -26,7 +26,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from normlab import layout
-from normlab.analysis import claims
+from normlab.analysis import claims, sequential
 from normlab.analysis.logs import Run, load_sweep, parse_overrides, same_value
 from normlab.analysis.report import JOBS_COLUMNS, Result
 from normlab.sweep.callbacks import EXIT_JOBS_FAILED
@@ -104,6 +104,14 @@ class Reproduction:
 
     def budget(self, quick: bool) -> Budget:
         return self.quick if quick else self.full
+
+    def caps(self) -> sequential.Caps:
+        """Its seed cap, with each grid whose `cap:` raises it for the claims on its arms."""
+        raised = {g.name: sequential.Raise(g.name, frozenset(a.arm for a in self.grids
+                                                             if a.name == g.name),
+                                           g.cap, g.cap_why)
+                  for g in self.grids if g.cap}  # fmt: skip
+        return sequential.Caps(self.seed_cap, tuple(raised.values()))
 
     def only(self, names: list[str]) -> Reproduction:
         """The same reproduction with only the named grids, or arms of a grid (a fixed arm's
