@@ -1069,7 +1069,7 @@ def test_dit_conditioning_pairwise_ranks_ties_and_the_best_of_four(tmp_path: Pat
 
 
 def test_dit_conditioning_resamples_each_arms_first_seed_with_its_own_fid_settings(tmp_path):
-    runs = [_dit_run(tmp_path, "adaln", s, 10.0, 0.05) for s in (2, 1)]
+    runs = [_dit_run(tmp_path, "adaln", s, 10.0, 0.05) for s in (2, 0)]
     for run in runs:
         (run.run_dir / "checkpoints").mkdir()
         (run.run_dir / "checkpoints" / "last.ckpt").write_bytes(b"")
@@ -1114,7 +1114,7 @@ def test_resample_scores_the_checkpoints_of_one_setting_in_one_process_per_job(t
     (tmp_path / "scripts").mkdir()
     (tmp_path / "scripts" / "fid.py").write_text(FAKE_FID)
     arms = ["adaln", "adaln_zero", "cross_attn", "in_context", "broken"]
-    runs = [_dit_run(tmp_path, a, 1, 10.0, 0.05) for a in arms]
+    runs = [_dit_run(tmp_path, a, 0, 10.0, 0.05) for a in arms]
     runs.append(_dit_run(tmp_path, "adaln", 3, 10.0, 0.05))  # not its arm's first seed
     for i, run in enumerate(runs):
         (run.run_dir / "checkpoints").mkdir()
@@ -1126,8 +1126,8 @@ def test_resample_scores_the_checkpoints_of_one_setting_in_one_process_per_job(t
         OmegaConf.save(cfg, run.run_dir / ".hydra" / "config.yaml")
     dit_conditioning.resample(runs, jobs=jobs, repo=tmp_path)
     calls = (tmp_path / "scripts" / "calls.log").read_text().split("\n")[:-1]
-    same = ["adaln-1", "adaln_zero-1", "cross_attn-1", "broken-1"]
-    expected = [" ".join(same[i::jobs]) for i in range(jobs)] + ["in_context-1"]
+    same = ["adaln-0", "adaln_zero-0", "cross_attn-0", "broken-0"]
+    expected = [" ".join(same[i::jobs]) for i in range(jobs)] + ["in_context-0"]
     assert sorted(calls) == sorted(expected)
     for run in runs[:4]:  # each scored checkpoint's own JSON line, whole
         line = (run.run_dir / dit_conditioning.RESAMPLE_FILE).read_text()
@@ -1135,6 +1135,33 @@ def test_resample_scores_the_checkpoints_of_one_setting_in_one_process_per_job(t
         assert json.loads(line) == {"ckpt": ckpt, "fid_lenet": float(len(ckpt)), "seed": 1}
     assert not (runs[4].run_dir / dit_conditioning.RESAMPLE_FILE).exists()  # its process failed
     assert not (runs[5].run_dir / dit_conditioning.RESAMPLE_FILE).exists()  # not a first seed
+
+
+def _checkpointed(runs: list[Run]) -> None:
+    """Give each run a last.ckpt and a LeNet of its own (what _resample_command needs)."""
+    for run in runs:
+        (run.run_dir / "checkpoints").mkdir()
+        (run.run_dir / "checkpoints" / "last.ckpt").write_bytes(b"")
+        cfg = OmegaConf.load(run.run_dir / ".hydra" / "config.yaml")
+        cfg.callbacks.fid.update(features="lenet.pt", data_root="data", batch_size=500)
+        OmegaConf.save(cfg, run.run_dir / ".hydra" / "config.yaml")
+
+
+def test_resample_scores_no_later_seed_of_a_subset_run(tmp_path):
+    """`--subset seed=5` gives resample seed 5 alone: not its arm's first seed (the grids run
+    seeds 0 up, and seed 0 was scored by the run that ran it), so nothing is scored. A first
+    seed that did not finish leaves the score to the next seed of the same run."""
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "fid.py").write_text(FAKE_FID)
+    later = [_dit_run(tmp_path, a, 5, 10.0, 0.05) for a in ("adaln", "adaln_zero")]
+    failed = replace(_dit_run(tmp_path, "cross_attn", 0, 10.0, 0.05), status="diverged")
+    runs = [*later, failed, _dit_run(tmp_path, "cross_attn", 1, 10.0, 0.05)]
+    _checkpointed(runs)
+    dit_conditioning.resample(later, jobs=1, repo=tmp_path)
+    assert not any((r.run_dir / dit_conditioning.RESAMPLE_FILE).exists() for r in later)
+    assert not (tmp_path / "scripts" / "calls.log").exists()  # no scripts/fid.py started
+    dit_conditioning.resample(runs[2:], jobs=1, repo=tmp_path)
+    assert (tmp_path / "scripts" / "calls.log").read_text() == "cross_attn-1\n"
 
 
 def test_an_arm_named_by_a_resolver_reads_back_from_hydras_escaped_override():

@@ -100,16 +100,27 @@ def _resample_command(run: Run, threads: int, repo: Path) -> list[str] | None:
     return cmd
 
 
+def _first_seeds(runs: list[Run]) -> list[Run]:
+    """Each arm's lowest-seed finished run, where its grid's seeds below it (a grid runs seeds
+    0 up) are among `runs` and did not finish: none for an arm of a --subset run at later seeds,
+    whose first seed the run that ran it scored."""
+    first = []
+    for arm in dict.fromkeys(r.arm for r in runs):
+        mine = sorted((r for r in runs if r.arm == arm), key=lambda r: int(r.get("seed")))
+        seeds = {int(r.get("seed")) for r in mine}
+        ok = [r for r in mine if r.status == "ok"]
+        if ok and seeds >= set(range(int(ok[0].get("seed")))):
+            first.append(ok[0])
+    return first
+
+
 def resample(runs: list[Run], jobs: int, repo: Path) -> None:
-    """Score each arm's lowest-seed finished checkpoint on a second sample set (written to
-    <run dir>/fid_resample.json; a run dir that has one is not scored again). Checkpoints of the
-    same fid settings share a scripts/fid.py process (its LeNet and the test set's features load
-    once, not once per checkpoint), split into `jobs` processes run at once."""
-    first: dict[str, Run] = {}
-    for run in sorted(runs, key=lambda r: int(r.get("seed"))):
-        if run.status == "ok":
-            first.setdefault(run.arm, run)
-    todo = [r for r in first.values() if not (r.run_dir / RESAMPLE_FILE).is_file()]
+    """Score each arm's first-seed finished checkpoint (_first_seeds) on a second sample set
+    (written to <run dir>/fid_resample.json; a run dir that has one is not scored again).
+    Checkpoints of the same fid settings share a scripts/fid.py process (its LeNet and the test
+    set's features load once, not once per checkpoint), split into `jobs` processes run at
+    once."""
+    todo = [r for r in _first_seeds(runs) if not (r.run_dir / RESAMPLE_FILE).is_file()]
     jobs = max(1, jobs)
     threads = job_threads(jobs)
     env = threads_env(threads)
