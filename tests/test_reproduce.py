@@ -6,6 +6,7 @@ import importlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -860,6 +861,21 @@ def test_ctrl_c_stops_cleanly_and_the_next_invocation_continues(tmp_path: Path):
     assert "skipping finished job" in again.stderr + again.stdout
     jobs = pd.read_csv(tmp_path / "outputs" / "figures" / "quick" / "ln_rnn" / "jobs.csv")
     assert (jobs["status"] == "ok").all() and len(jobs) == 6  # pilot 2 (seed 0), main 4
+
+
+@pytest.mark.parametrize("code", [128 + signal.SIGINT, -signal.SIGINT])
+def test_an_interrupt_of_the_sweeps_child_alone_stops_as_ctrl_c_does(tmp_path, monkeypatch,
+                                                                     capsys, code):  # fmt: skip
+    """SIGINT to the sweep's child alone (`kill -INT <pid>`: it exits 130, or dies of it): the
+    continue line and exit 130, as after Ctrl+C, not a traceback of a failed sweep."""
+    done = subprocess.CompletedProcess([], code)
+    monkeypatch.setattr(sweep, "subprocess", SimpleNamespace(run=lambda *a, **k: done))
+    argv = ["ln_rnn", "--quick", "--root", str(tmp_path)]
+    with pytest.raises(SystemExit) as stopped:
+        script.main(argv)
+    assert stopped.value.code == 130
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == f"continue with: {shlex.join([*script.PROGRAM(), *argv])}"
 
 
 def test_a_quick_md_says_its_notes_describe_the_full_budget(tmp_path: Path):

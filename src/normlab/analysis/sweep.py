@@ -14,6 +14,7 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -409,9 +410,11 @@ def run(
     """Run (or complete) every grid's sweep, one `train.py -m` multirun each, all in one process
     (normlab.sweep.multiruns: torch and Lightning load once); return the wall time in seconds. A
     sweep in which some jobs failed or diverged (exit code EXIT_JOBS_FAILED) still counts: its
-    summary has their status, and the analysis reads it. `launcher` (a key of LAUNCHERS) sends
-    each grid's jobs through that Hydra launcher, with `launcher_args` (KEY=VALUE) set on it;
-    None runs them here, `jobs` at once (joblib when more than one)."""
+    summary has their status, and the analysis reads it; one stopped by a SIGINT sent to it
+    alone (`kill -INT <pid>`: exit 130, or killed by it) raises KeyboardInterrupt, as a Ctrl+C
+    here does. `launcher` (a key of LAUNCHERS) sends each grid's jobs through that Hydra
+    launcher, with `launcher_args` (KEY=VALUE) set on it; None runs them here, `jobs` at once
+    (joblib when more than one)."""
     jobs = max(1, min(jobs, repro.max_jobs or jobs))
     # Threads through the environment, not an override: a job's overrides are its identity in
     # summary.csv, and the same job run with another --jobs must still count as done.
@@ -435,6 +438,8 @@ def run(
         runs.append(args)
     cmd = [sys.executable, "-m", "normlab.sweep.multiruns", json.dumps(runs)]
     done = subprocess.run(cmd, cwd=REPO, env=env)  # prints each multirun's command as it starts
+    if done.returncode in (128 + signal.SIGINT, -signal.SIGINT):
+        raise KeyboardInterrupt
     if done.returncode == EXIT_JOBS_FAILED:
         log(f"{repro.name}: some jobs failed or diverged, see the summary.md named above")
     elif done.returncode != 0:
