@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -578,6 +579,39 @@ def test_two_processes_merging_one_evidence_keep_each_others_rows(tmp_path, monk
         thread.join()
     assert sorted(pd.read_csv(paths["runs"])["arm"]) == ["bn", "gn", "old"]
     assert sorted(pd.read_csv(paths["jobs"])["arm"]) == ["bn", "gn", "old"]
+
+
+def test_evidence_lands_with_its_md_or_not_at_all(tmp_path):
+    """A draw that fails after the evidence landed (an analysis error, an interrupt) puts
+    runs.csv and jobs.csv back as they were, byte for byte; a first landing leaves none."""
+    paths = {"runs": tmp_path / "runs.csv", "jobs": tmp_path / "jobs.csv"}
+    frame = {"seed": [0], "x": [None], "metric": ["m"], "value": [1.0]}
+    pd.DataFrame({"arm": ["old"], **frame}).to_csv(paths["runs"], index=False)
+    pd.DataFrame({"arm": ["old"], "seed": [0]}).to_csv(paths["jobs"], index=False)
+    before = {k: p.read_bytes() for k, p in paths.items()}
+    new, jobs = pd.DataFrame({"arm": ["new"], **frame}), pd.DataFrame({"arm": ["new"], "seed": [0]})
+
+    def fails(where: dict) -> Callable[[], dict]:
+        def draw() -> dict:
+            assert "new" in where["runs"].read_text()  # landed before the draw
+            raise ValueError("the analysis failed")
+
+        return draw
+
+    for error, draw in ((ValueError, fails(paths)), (KeyboardInterrupt, _interrupt)):
+        with pytest.raises(error):
+            script.land_and_draw(new, jobs, paths, True, None, None, draw)
+        assert {k: p.read_bytes() for k, p in paths.items()} == before
+    first = {k: tmp_path / "first" / p.name for k, p in paths.items()}
+    with pytest.raises(ValueError):
+        script.land_and_draw(new, jobs, first, False, None, None, fails(first))
+    assert not any(p.exists() for p in first.values())
+    drawn = script.land_and_draw(new, jobs, paths, True, None, None, lambda: {"md": "drawn"})
+    assert drawn == {"md": "drawn"} and sorted(pd.read_csv(paths["runs"])["arm"]) == ["new", "old"]
+
+
+def _interrupt():
+    raise KeyboardInterrupt
 
 
 def test_subset_runs_part_of_a_grid_as_the_grids_own_jobs():

@@ -59,6 +59,7 @@ from normlab.analysis.logs import parse_overrides, same_value
 from normlab.analysis.readme import update_readme
 from normlab.analysis.reproductions import REPRODUCTIONS
 from normlab.analysis.sweep import Grid, Reproduction
+from normlab.files import atomic_write
 from normlab.sweep.summary import FINISHED, file_lock
 
 REPO = layout.root()  # --root's default: the checkout (or the cwd of an installed normlab)
@@ -481,10 +482,31 @@ def reproduce(
     rows = partial(repro.rows_at, subset=subset) if subset else None
     ran = partial(_jobs_at, subset=subset) if subset else None
     with file_lock(sweep.sweep_dir(root, name, quick) / EVIDENCE_LOCK):
-        land_evidence(data, frame, paths, bool(grids), rows, ran)
-        paths = redraw(name, quick, root, norm)  # the md from the files, as --redraw makes it
+        draw = partial(redraw, name, quick, root, norm)  # the md from the files, as --redraw
+        paths = land_and_draw(data, frame, paths, bool(grids), rows, ran, draw)
     print(f"{name}: {seconds:.0f} s, wrote {paths['md']} (+ figure, data)", flush=True)
     return paths["md"]
+
+
+def land_and_draw(data: pd.DataFrame, jobs: pd.DataFrame, paths: dict[str, Path], merge: bool,
+                  rows, ran, draw: Callable[[], dict[str, Path]]) -> dict[str, Path]:  # fmt: skip
+    """land_evidence, then `draw` the md from it; where drawing fails (or is interrupted),
+    runs.csv and jobs.csv go back to what they were, so the evidence lands with its md or not
+    at all (the finished jobs stay in the sweep dir: the same command, or --collect, lands
+    them)."""
+    kept = {k: paths[k].read_text() if paths[k].is_file() else None for k in ("runs", "jobs")}
+    land_evidence(data, jobs, paths, merge, rows, ran)
+    try:
+        return draw()
+    except BaseException:
+        for key, before in kept.items():
+            if before is None:
+                paths[key].unlink(missing_ok=True)
+            else:
+                atomic_write(paths[key], before)
+        print(f"{paths['runs'].parent.name}: drawing failed, so its evidence is left as it was; "
+              "the finished jobs stay in the sweep dir", file=sys.stderr)  # fmt: skip
+        raise
 
 
 def land_evidence(
@@ -501,8 +523,8 @@ def land_evidence(
     merge and write the same files when they finish, one at a time."""
     if merge:
         data, jobs = _merge(data, paths["runs"], rows), _merge(jobs, paths["jobs"], ran)
-    data.to_csv(paths["runs"], index=False, float_format=report.FLOAT)
-    jobs.to_csv(paths["jobs"], index=False, float_format=report.FLOAT)
+    for key, frame in (("runs", data), ("jobs", jobs)):  # readers see the old or the new file
+        atomic_write(paths[key], frame.to_csv(index=False, float_format=report.FLOAT))
 
 
 def not_ok(jobs: pd.DataFrame, subset: Subset | None) -> tuple[int, int]:
