@@ -841,6 +841,22 @@ def test_an_estimate_leaves_out_the_jobs_finished_before(monkeypatch, tmp_path):
     )
 
 
+def test_a_subset_runs_estimate_counts_only_its_own_finished_jobs(monkeypatch, tmp_path):
+    """--subset seed=5 of a sweep dir holding seeds 0-4: those are other jobs, not this run's
+    (it said '2 of 2 finished before', about 0 min, then trained both)."""
+    repro = REPRODUCTIONS["ln_rnn"]
+    today = identity.code_version()
+    found = [SimpleNamespace(status="ok", code_version=today, overrides={"seed": str(seed)})
+             for seed in range(5)]  # fmt: skip
+    monkeypatch.setattr(sweep, "runs", lambda *a: found)
+    seeds = script.default_seeds(True, "ln_rnn")
+    assert script.finished_jobs(repro, True, tmp_path, seeds) == 5
+    assert script.finished_jobs(repro, True, tmp_path, seeds, [("seed", ["5"])]) == 0
+    assert script.finished_jobs(repro, True, tmp_path, seeds, [("seed", ["3", "5"])]) == 1
+    said = script.estimate_before(repro, True, 1, seeds, True, tmp_path, [("seed", ["5"])])
+    assert "finished before" not in said
+
+
 def test_progress_lines_say_jobs_done_and_an_eta_as_jobs_finish(monkeypatch, capsys):
     assert script.progress_line("x", 3, 10, 2, 120.0) == "x: jobs 3/10 done, ETA 7 min"
     assert script.progress_line("x", 3, 10, 0, 5.0) == "x: jobs 3/10 done, ETA unknown"

@@ -120,29 +120,40 @@ def job_total(repro: Reproduction, quick: bool, seeds: int | None) -> int:
     return sum(sweep.grid_size(g, repro.budget(quick), quick, seeds) for g in repro.grids)
 
 
-def finished_jobs(repro: Reproduction, quick: bool, root: Path | None, seeds: int | None) -> int:
-    """How many of repro's jobs already have a result in the sweep dirs under root, run by
-    today's training code (reused; one of another version runs again, normlab.sweep.jobs)."""
+def finished_jobs(repro: Reproduction, quick: bool, root: Path | None, seeds: int | None,
+                  subset: Subset | None = None) -> int:  # fmt: skip
+    """How many of repro's jobs (with `subset`, those at its values alone) already have a result
+    in the sweep dirs under root, run by today's training code (reused; one of another version
+    runs again, normlab.sweep.jobs)."""
     if root is None:
         return 0
     try:
         today = identity.code_version()
         return sum(r.status in FINISHED and r.code_version == today
-                   for r in sweep.runs(repro, quick, root, seeds))  # fmt: skip
+                   for r in _runs(repro, quick, root, seeds, subset))  # fmt: skip
     except Exception:  # an unreadable log: the estimate counts that job as still to run
         return 0
 
 
+def _runs(repro: Reproduction, quick: bool, root: Path, seeds: int | None,
+          subset: Subset | None) -> list:  # fmt: skip
+    """The jobs in repro's sweep dirs (sweep.runs), those at `subset`'s values alone where given:
+    a --subset run's are its own, not the other seeds' of the same sweep dir."""
+    found = sweep.runs(repro, quick, root, seeds)
+    return [r for r in found if _at(r.overrides, subset)] if subset else found
+
+
 def estimate_before(
     repro: Reproduction, quick: bool, jobs: int, seeds: int | None, partial_run: bool,
-    root: Path | None = None,
+    root: Path | None = None, subset: Subset | None = None,
 ) -> str | None:  # fmt: skip
     """What a run will take, said before it starts: the full run of NAME from its committed
     wall times (estimate); --quick as about a minute a job; a --norm or --grids run as its jobs
     at the committed median wall time of its grids' arms, over the jobs run at once; with
-    `root`, the jobs already finished there are left out (reused, not run)."""
+    `root`, the jobs already finished there (of `subset`'s values, where given) are left out
+    (reused, not run)."""
     total = job_total(repro, quick, seeds)
-    done = min(finished_jobs(repro, quick, root, seeds), total)
+    done = min(finished_jobs(repro, quick, root, seeds, subset), total)
     if not quick and not partial_run and not done:
         return estimate(repro.name, jobs)
     count = total - done
@@ -178,17 +189,18 @@ def progress_line(name: str, done: int, total: int, fresh: int, elapsed: float) 
 def run_showing_progress(
     repro: Reproduction, quick: bool, root: Path, jobs: int, seeds: int | None,
     threads: int | None, every: float = 15.0, launcher: str | None = None,
-    launcher_args: tuple[str, ...] = (),
+    launcher_args: tuple[str, ...] = (), subset: Subset | None = None,
 ) -> float:  # fmt: skip
-    """sweep.run, printing progress_line every `every` s when more jobs have finished (read
-    back from the grids' summaries, as the analysis reads them)."""
+    """sweep.run, printing progress_line every `every` s when more of its jobs (`subset`'s,
+    where given) have finished (read back from the grids' summaries, as the analysis reads
+    them)."""
     total = job_total(repro, quick, seeds)
     start, stop = time.monotonic(), threading.Event()
 
     def finished() -> int:
         try:
             # a job's summary row is written at its start ('running'): done once it ended
-            return sum(r.status != "running" for r in sweep.runs(repro, quick, root, seeds))
+            return sum(r.status != "running" for r in _runs(repro, quick, root, seeds, subset))
         except Exception:  # a log mid-write: read it next time (a progress line stops no run)
             return -1
 
@@ -459,14 +471,15 @@ def reproduce(
         seeds = default_seeds(quick, name)
     repro = _selected(name, quick, seeds, grids, norm, plugin, subset, cut)
     took = None if collect else estimate_before(repro, quick, jobs, seeds, bool(grids or norm),
-                                                root)  # fmt: skip
+                                                root, subset)  # fmt: skip
     if took:
         print(f"{name}: {took}; finished jobs are reused", flush=True)
     # --collect: the finished jobs as they are (each keeps its own code version in jobs.csv)
     seconds = 0.0
     if not collect:
         seconds = run_showing_progress(repro, quick, root, jobs, seeds, threads,
-                                       launcher=launcher, launcher_args=launcher_args)  # fmt: skip
+                                       launcher=launcher, launcher_args=launcher_args,
+                                       subset=subset)  # fmt: skip
     runs = sweep.runs(repro, quick, root, seeds)
     if not runs:
         raise SystemExit(f"{name}: no jobs in {sweep.sweep_dir(root, name, quick)}")
@@ -537,11 +550,12 @@ def not_ok(jobs: pd.DataFrame, subset: Subset | None) -> tuple[int, int]:
 def _jobs_at(jobs: pd.DataFrame, subset: Subset) -> pd.Series:
     """Which rows of a jobs.csv ran at the subset's values of every key (their overrides)."""
 
-    def at(overrides: str) -> bool:
-        given = parse_overrides(str(overrides))
-        return all(any(same_value(given.get(k), v) for v in values) for k, values in subset)
+    return jobs["overrides"].map(lambda o: _at(parse_overrides(str(o)), subset)).astype(bool)
 
-    return jobs["overrides"].map(at).astype(bool)
+
+def _at(given: dict, subset: Subset) -> bool:
+    """Whether a job's overrides are at the subset's values of every key."""
+    return all(any(same_value(given.get(k), v) for v in values) for k, values in subset)
 
 
 def arm_pattern(grid_arm: str) -> re.Pattern[str]:
