@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -148,23 +149,40 @@ def _stuck(data: pd.DataFrame, arm: str) -> pd.Series | None:
     return (final_loss(data, arm) >= bound).astype(int)
 
 
-def _counted(data: pd.DataFrame, lr: float, warm: int) -> bool:
-    """Whether both Post-LN arms at lr have gate rows, so their seeds can be counted."""
-    return all(_stuck(data, _arm("post", lr, w)) is not None for w in (0, warm))
+@dataclass(frozen=True)
+class PostPair:
+    """Post-LN's arms at one lr (without, with warmup), summed up once: `stuck` per arm (None
+    without gate rows), the seeds that trained in both and their rows under arm + TRAINED."""
+
+    lr: float
+    arms: tuple[str, str]
+    stuck: dict[str, pd.Series] | None
+    seeds: list[int]
+    trained: pd.DataFrame
+
+    @property
+    def counted(self) -> bool:  # both arms have gate rows, so their seeds can be counted
+        return self.stuck is not None
 
 
-def _trained_pair(data: pd.DataFrame, lr: float, warm: int) -> tuple[pd.DataFrame, list[int]]:
-    """Runs.csv rows of Post-LN's two arms at lr (without and with warmup) on the seeds that
-    trained in both, under the arms' names + TRAINED (their gates are those seeds'), and the
-    seeds."""
-    a, b = _arm("post", lr, 0), _arm("post", lr, warm)
-    both = (_stuck(data, a) == 0) & (_stuck(data, b) == 0)
-    seeds = sorted(both[both].index)
-    rows = data[data["arm"].isin([a, b]) & data["seed"].isin(seeds)]
-    return rows.assign(arm=rows["arm"] + TRAINED), seeds
+def post_pairs(data: pd.DataFrame) -> list[PostPair]:
+    """One PostPair per lr of the warmup grid, in lr order."""
+    lrs, warm = warmup_grid(data)
+    pairs = []
+    for lr in lrs:
+        a, b = _arm("post", lr, 0), _arm("post", lr, warm)
+        stuck = {arm: _stuck(data, arm) for arm in (a, b)}
+        if any(s is None for s in stuck.values()):
+            pairs.append(PostPair(lr, (a, b), None, [], data.iloc[:0]))
+            continue
+        both = (stuck[a] == 0) & (stuck[b] == 0)
+        seeds = sorted(both[both].index)
+        rows = data[data["arm"].isin([a, b]) & data["seed"].isin(seeds)]
+        pairs.append(PostPair(lr, (a, b), stuck, seeds, rows.assign(arm=rows["arm"] + TRAINED)))
+    return pairs
 
 
-def quantities(data: pd.DataFrame) -> pd.DataFrame:
+def quantities(data: pd.DataFrame, pairs: list[PostPair]) -> pd.DataFrame:
     """What the declared claims read per seed: each profile's slope (`slope/<name>`, under
     Post-LN's or Pre-LN's arm); per warmup arm its `final_loss` (a diverged job's at
     DIVERGED_LOSS); per lr of Post-LN with gate rows in both arms, whether a seed did not train
@@ -175,23 +193,20 @@ def quantities(data: pd.DataFrame) -> pd.DataFrame:
             for seed, v in slopes(grad_norms(data, arms[p], name)).items()]  # fmt: skip
     rows += [(a, seed, math.nan, "final_loss", v) for a in _warmup_arms(data)
              for seed, v in final_loss(data, a).items()]  # fmt: skip
-    lrs, warm = warmup_grid(data)
-    for lr in lrs:
-        arms = [_arm("post", lr, w) for w in (0, warm)]
-        if not _counted(data, lr, warm):
-            rows += [(a, seed, math.nan, "final_loss_ungated", v) for a in arms
+    for pair in pairs:
+        if not pair.counted:
+            rows += [(a, seed, math.nan, "final_loss_ungated", v) for a in pair.arms
                      for seed, v in final_loss(data, a).items()]  # fmt: skip
             continue
-        rows += [(a, seed, math.nan, "stuck", v) for a in arms
-                 for seed, v in _stuck(data, a).items()]  # fmt: skip
-        trained, seeds = _trained_pair(data, lr, warm)
-        if len(seeds) >= gates.MIN_SEEDS:
-            rows += [(a, seed, math.nan, "final_loss_trained", v) for a in arms
-                     for seed, v in final_loss(trained, a + TRAINED).items()]  # fmt: skip
+        rows += [(a, seed, math.nan, "stuck", v) for a, stuck in pair.stuck.items()
+                 for seed, v in stuck.items()]  # fmt: skip
+        if len(pair.seeds) >= gates.MIN_SEEDS:
+            rows += [(a, seed, math.nan, "final_loss_trained", v) for a in pair.arms
+                     for seed, v in final_loss(pair.trained, a + TRAINED).items()]  # fmt: skip
     return pd.DataFrame(rows, columns=["arm", "seed", "x", "metric", "value"])
 
 
-def words(data: pd.DataFrame) -> dict:
+def words(data: pd.DataFrame, pairs: list[PostPair]) -> dict:
     """What the declared claims read from the data: the profiles (panel, arms, metric, layers),
     the warmup grid's lrs with the seeds that trained in both Post-LN arms at each, its warmup
     length, the best lrs of the Pre-LN claim, and the words of the encodings."""
@@ -205,8 +220,8 @@ def words(data: pd.DataFrame) -> dict:
         "layers": [grad_norms(data, a["post"], n).shape[1] for _, a, n in panels],
         "flat_percent": f"{100 * math.expm1(_threshold('max_pre_slope')):.0f}",
         "lr": [f"{lr:g}" for lr in lrs], "warm": warm,
-        "trained": [", ".join(map(str, _trained_pair(data, lr, warm)[1])) or "none"
-                    if _counted(data, lr, warm) else "" for lr in lrs],  # fmt: skip
+        "trained": [", ".join(map(str, p.seeds)) or "none" if p.counted else ""
+                    for p in pairs],  # fmt: skip
         "trained_margin": f"{gates.TRAINED_MARGIN:.0%}",
         "pre_lr": f"{pre_lr:g}" if chosen else "n/a",
         "post_lr": f"{post_lr:g}" if chosen else "n/a",
@@ -220,31 +235,20 @@ def _threshold(name: str) -> float:
     return float(declared.thresholds("ln_placement")[name])
 
 
-def _left_out(data: pd.DataFrame, lrs: list[float], warm: int) -> list[str]:
+def _left_out(pairs: list[PostPair]) -> list[str]:
     """The lrs whose gap among the seeds that trained in both Post-LN arms is not claimed, as
     fewer than gates.MIN_SEEDS did (only their count is tested), each with those seeds."""
-    out = []
-    for lr in lrs:
-        if _counted(data, lr, warm):
-            seeds, n = _trained_pair(data, lr, warm)[1], len(_stuck(data, _arm("post", lr, 0)))
-            if len(seeds) < gates.MIN_SEEDS:
-                out.append(f"lr {lr:g} ({len(seeds)} of {n}: seed "
-                           f"{', '.join(map(str, seeds)) or 'none'})")  # fmt: skip
-    return out
+    return [f"lr {p.lr:g} ({len(p.seeds)} of {len(p.stuck[p.arms[0]])}: seed "
+            f"{', '.join(map(str, p.seeds)) or 'none'})"
+            for p in pairs if p.counted and len(p.seeds) < gates.MIN_SEEDS]  # fmt: skip
 
 
 def _band(ax: plt.Axes, table: pd.DataFrame, color: str, label: str) -> None:
     """Geometric mean over seeds per layer and its 95% CI as a band."""
     intervals = [Interval.of(table[x].dropna(), log=True) for x in table.columns]
     x = list(table.columns)
-    ax.plot(
-        x,
-        [i.mean for i in intervals],
-        color=color,
-        marker="o",
-        ms=3,
-        label=f"{label} ({len(table)} seeds)",
-    )
+    ax.plot(x, [i.mean for i in intervals], color=color, marker="o", ms=3,
+            label=f"{label} ({len(table)} seeds)")  # fmt: skip
     if all(i.known for i in intervals):
         ax.fill_between(
             x, [i.low for i in intervals], [i.high for i in intervals], color=color, alpha=0.2
@@ -310,13 +314,12 @@ def _grad_panel(ax: plt.Axes, data: pd.DataFrame, title: str, arms: dict, name: 
     ax.legend(fontsize=8)
 
 
-def _gates(data: pd.DataFrame, lrs: list[float], warm: int) -> list[gates.Gate]:
+def _gates(data: pd.DataFrame, pairs: list[PostPair]) -> list[gates.Gate]:
     """The warmup arms' gates, and those of each Post-LN pair's seeds that trained in both."""
     found = gates.gates(data, _warmup_arms(data))
-    for lr in lrs:
-        if _counted(data, lr, warm):
-            rows, _ = _trained_pair(data, lr, warm)
-            found += gates.gates(rows, sorted(rows["arm"].unique()))
+    for p in pairs:
+        if p.counted:
+            found += gates.gates(p.trained, sorted(p.trained["arm"].unique()))
     return found
 
 
@@ -340,9 +343,9 @@ def render(data: pd.DataFrame) -> Result:
     fig.suptitle("LayerNorm placement: gradients at init (char-level GPT, 6-6 encoder-decoder) "
                  "and warmup (GPT) (Xiong et al. 2020)")  # fmt: skip
     fig.tight_layout()
-    claims = declared.build("ln_placement", quantities(data), words(data))
-    return Result(fig, claims, _notes(data, lrs, _left_out(data, lrs, warm)),
-                  gates=_gates(data, lrs, warm))
+    pairs = post_pairs(data)
+    claims = declared.build("ln_placement", quantities(data, pairs), words(data, pairs))
+    return Result(fig, claims, _notes(data, lrs, _left_out(pairs)), gates=_gates(data, pairs))
 
 
 def _notes(data: pd.DataFrame, lrs: list[float], left_out: list[str]) -> list[str]:
