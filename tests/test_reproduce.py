@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -884,7 +885,11 @@ def test_progress_lines_say_jobs_done_and_an_eta_as_jobs_finish(monkeypatch, cap
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_cleanly_and_the_next_invocation_continues(tmp_path: Path):
+@pytest.mark.parametrize("to", ["group", "process"])
+def test_ctrl_c_stops_cleanly_and_the_next_invocation_continues(tmp_path: Path, to: str):
+    """Ctrl+C in a terminal (SIGINT to the whole group), or `kill -INT <pid>` of reproduce alone
+    (its sweep's child gets it from reproduce): the same clean stop, then the same command
+    continues."""
     cmd = [*SCRIPT, "ln_rnn", "--quick", "--root", str(tmp_path)]
 
     # as from a terminal: SIGINT not ignored (a test run in the background inherits SIG_IGN)
@@ -898,7 +903,10 @@ def test_ctrl_c_stops_cleanly_and_the_next_invocation_continues(tmp_path: Path):
     while "ok" not in "".join(p.read_text() for p in summaries.rglob("summary.csv")):
         assert proc.poll() is None and time.time() < deadline, proc.communicate()
         time.sleep(0.5)
-    os.killpg(proc.pid, signal.SIGINT)  # Ctrl+C: the terminal signals the whole group
+    if to == "group":
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl+C: the terminal signals the whole group
+    else:
+        os.kill(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err, err
@@ -918,14 +926,82 @@ def test_an_interrupt_of_the_sweeps_child_alone_stops_as_ctrl_c_does(tmp_path, m
                                                                      capsys, code):  # fmt: skip
     """SIGINT to the sweep's child alone (`kill -INT <pid>`: it exits 130, or dies of it): the
     continue line and exit 130, as after Ctrl+C, not a traceback of a failed sweep."""
-    done = subprocess.CompletedProcess([], code)
-    monkeypatch.setattr(sweep, "subprocess", SimpleNamespace(run=lambda *a, **k: done))
+    monkeypatch.setattr(sweep, "run_child", lambda *a, **k: code)
     argv = ["ln_rnn", "--quick", "--root", str(tmp_path)]
     with pytest.raises(SystemExit) as stopped:
         script.main(argv)
     assert stopped.value.code == 130
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last == f"continue with: {shlex.join([*script.PROGRAM(), *argv])}"
+
+
+# a child that counts the SIGINTs it gets and exits 10 + that count, once it got one
+COUNTING_CHILD = """
+import os, signal, sys, time
+got = []
+signal.signal(signal.SIGINT, lambda *a: got.append(1))
+open(sys.argv[1], "w").write(str(os.getpgrp()))
+end = time.time() + 30
+while not got and time.time() < end:
+    time.sleep(0.05)
+time.sleep(0.3)  # a second one would be counted
+sys.exit(10 + len(got))
+"""
+
+
+def test_a_sigint_to_this_process_alone_reaches_the_sweeps_child_once(tmp_path, monkeypatch):
+    """`kill -INT <pid>` of reproduce alone: its sweep's child (in a process group of its own,
+    so a terminal's Ctrl+C reaches it only this way too) gets the SIGINT once, and the handler
+    that was in place (reproduce's Interrupt) still runs."""
+    ready, seen = tmp_path / "ready", []
+    monkeypatch.setattr(sweep, "REPO", tmp_path)
+    before = signal.signal(signal.SIGINT, lambda *a: seen.append(1))
+
+    def interrupt() -> None:
+        while not ready.is_file() or not ready.read_text():
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)  # to this process alone
+
+    try:
+        sender = threading.Thread(target=interrupt, daemon=True)
+        sender.start()
+        code = sweep.run_child([sys.executable, "-c", COUNTING_CHILD, str(ready)], dict(os.environ))
+        sender.join(timeout=5)
+    finally:
+        assert signal.signal(signal.SIGINT, before) is not None  # run_child put back the test's
+    assert code == 11 and seen == [1]
+    assert int(ready.read_text()) not in (os.getpgrp(), 0)  # a group of its own
+
+
+def test_the_sweeps_child_is_interrupted_when_its_parent_dies(tmp_path):
+    """SIGKILL to reproduce (the sweep's parent): the child's group gets a SIGINT (Ctrl+C: the
+    jobs save their state and stop) instead of training on as an orphan."""
+    marker = tmp_path / "interrupted"
+    child = ("import sys, time\n"
+             "from normlab.sweep.multiruns import follow_parent\n"
+             "follow_parent()\n"
+             "print('ready', flush=True)\n"
+             "try:\n    time.sleep(60)\n"
+             "except KeyboardInterrupt:\n"
+             f"    open({str(marker)!r}, 'w').write('yes')\n")  # fmt: skip
+    parent = ("import subprocess, sys\n"
+              f"c = subprocess.Popen([sys.executable, '-c', {child!r}], process_group=0, "
+              "stdout=subprocess.PIPE, text=True)\n"
+              "print(c.pid, c.stdout.readline().strip(), flush=True)\n"
+              "import time; time.sleep(60)\n")  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True)
+    pid, state = proc.stdout.readline().split()
+    assert state == "ready"
+    proc.kill()
+    proc.wait()
+    deadline = time.time() + 20
+    while not (marker.is_file() and marker.read_text()) and time.time() < deadline:
+        time.sleep(0.05)
+    assert marker.read_text() == "yes"
+    with pytest.raises(ProcessLookupError):  # and it ended
+        for _ in range(100):
+            os.kill(int(pid), 0)
+            time.sleep(0.05)
 
 
 def test_a_quick_md_says_its_notes_describe_the_full_budget(tmp_path: Path):

@@ -9,6 +9,7 @@ finished row for its overrides with the same resolved config and training-code v
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import math
@@ -17,6 +18,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -396,6 +398,31 @@ def _is_sweep(value: str) -> bool:
     return "," in value and not value.startswith(("[", "{", "'", '"'))
 
 
+def run_child(cmd: list[str], env: dict[str, str]) -> int:
+    """Run the sweep's child (from the checkout) in a process group of its own and pass each
+    SIGINT this process gets on to that group, once: a terminal's Ctrl+C (to the foreground
+    group: here) and a `kill -INT <pid>` of this process alone then stop the jobs alike, each
+    saving its state. Its exit code. The child stops itself if this process dies first
+    (normlab.sweep.multiruns.follow_parent), so no training outlives it."""
+    with subprocess.Popen(cmd, cwd=REPO, env=env, process_group=0) as child:
+        before = signal.getsignal(signal.SIGINT)
+        if before is signal.SIG_IGN or threading.current_thread() is not threading.main_thread():
+            return child.wait()  # ignored here, so there too; or no handler can be set
+
+        def forward(signum: int, frame: object) -> None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGINT)
+            if not callable(before):  # SIG_DFL
+                raise KeyboardInterrupt
+            before(signum, frame)  # reproduce's Interrupt: waits for the jobs, or stops
+
+        signal.signal(signal.SIGINT, forward)
+        try:
+            return child.wait()
+        finally:
+            signal.signal(signal.SIGINT, before)
+
+
 def run(
     repro: Reproduction,
     quick: bool,
@@ -437,13 +464,13 @@ def run(
             args += launcher_overrides(launcher, launcher_args)
         runs.append(args)
     cmd = [sys.executable, "-m", "normlab.sweep.multiruns", json.dumps(runs)]
-    done = subprocess.run(cmd, cwd=REPO, env=env)  # prints each multirun's command as it starts
-    if done.returncode in (128 + signal.SIGINT, -signal.SIGINT):
+    code = run_child(cmd, env)  # it prints each multirun's command as it starts
+    if code in (128 + signal.SIGINT, -signal.SIGINT):
         raise KeyboardInterrupt
-    if done.returncode == EXIT_JOBS_FAILED:
+    if code == EXIT_JOBS_FAILED:
         log(f"{repro.name}: some jobs failed or diverged, see the summary.md named above")
-    elif done.returncode != 0:
-        raise RuntimeError(f"{repro.name}: sweep exited with code {done.returncode}")
+    elif code != 0:
+        raise RuntimeError(f"{repro.name}: sweep exited with code {code}")
     return time.time() - start
 
 

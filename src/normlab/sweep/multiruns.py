@@ -16,8 +16,11 @@ process's exit code. Otherwise the exit code is EXIT_JOBS_FAILED when some multi
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
 import runpy
+import signal
 import sys
 from pathlib import Path
 
@@ -27,6 +30,7 @@ from normlab.sweep.callbacks import EXIT_JOBS_FAILED
 from normlab.train import main as train_main
 
 TRAIN = "train.py"
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def _code(exit: SystemExit) -> int:
@@ -70,6 +74,19 @@ def run(args: list[str]) -> int:
         _fresh_workers()
 
 
+def follow_parent() -> None:
+    """Ctrl+C this process group (these multiruns and their joblib workers) if the process that
+    started it dies first (Linux: PR_SET_PDEATHSIG, by way of SIGUSR2), so its jobs save their
+    state and stop rather than train on with no one to read them."""
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    signal.signal(signal.SIGUSR2, lambda *_: os.killpg(0, signal.SIGINT))
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGUSR2)
+    if os.getppid() != parent:  # it died before prctl took effect
+        os.killpg(0, signal.SIGINT)
+
+
 def main(runs: list[list[str]]) -> int:
     failed = False
     for args in runs:
@@ -82,6 +99,7 @@ def main(runs: list[list[str]]) -> int:
 
 if __name__ == "__main__":
     try:
+        follow_parent()
         raise SystemExit(main(json.loads(sys.argv[1])))
     except KeyboardInterrupt:  # Ctrl+C between multiruns (inside one, its run says how to resume)
         print("interrupted (SIGINT)", file=sys.stderr)
