@@ -6,7 +6,6 @@ import itertools
 import json
 import math
 import shutil
-import subprocess
 from dataclasses import replace
 from pathlib import Path
 
@@ -850,8 +849,7 @@ def test_a_grid_with_its_own_seeds_keeps_them_under_the_full_budget(tmp_path, mo
     assert own.seed_count(None, False) is None  # a reproduction without seeds
     repro = Reproduction("demo", "t", (own, other), Budget((), "f"), Budget((), "q"), *ANALYSIS)
     commands = []
-    monkeypatch.setattr(sweep.subprocess, "run", lambda cmd, **kw: commands.append(cmd) or
-                        subprocess.CompletedProcess(cmd, 0))  # fmt: skip
+    monkeypatch.setattr(sweep, "run_child", lambda cmd, env: commands.append(cmd) or 0)
     sweep.run(repro, False, tmp_path, jobs=1, seeds=3)
     sweep.run(repro, True, tmp_path, jobs=1, seeds=2)
     # one process per call, its train.py arguments per grid (normlab.sweep.multiruns)

@@ -980,8 +980,7 @@ def test_the_sweeps_child_is_interrupted_when_its_parent_dies(tmp_path):
     child = ("import sys, time\n"
              "from normlab.sweep.multiruns import follow_parent\n"
              "follow_parent()\n"
-             "print('ready', flush=True)\n"
-             "try:\n    time.sleep(60)\n"
+             "try:\n    print('ready', flush=True)\n    time.sleep(60)\n"
              "except KeyboardInterrupt:\n"
              f"    open({str(marker)!r}, 'w').write('yes')\n")  # fmt: skip
     parent = ("import subprocess, sys\n"
@@ -1051,11 +1050,11 @@ def test_launcher_sends_every_grids_multirun_through_hydras_launcher(tmp_path, m
     repro = REPRODUCTIONS["bn_lenet"].only(["lenet", "mlp"])
     seen = []
 
-    def fake_run(cmd, **kwargs):
-        seen.append((json.loads(cmd[-1]), kwargs["env"]))
-        return subprocess.CompletedProcess(cmd, 0)
+    def fake_run(cmd, env):
+        seen.append((json.loads(cmd[-1]), env))
+        return 0
 
-    monkeypatch.setattr(sweep.subprocess, "run", fake_run)
+    monkeypatch.setattr(sweep, "run_child", fake_run)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     sweep.run(repro, True, tmp_path, 1, 2, launcher="slurm",
               launcher_args=("partition=gpu", "timeout_min=600"))  # fmt: skip

@@ -126,8 +126,7 @@ def test_a_reproduction_goes_on_when_some_jobs_of_its_sweep_failed(tmp_path, mon
     repro = sweep.Reproduction("r", "r", (sweep.Grid("", "bn_lenet"),), sweep.Budget((), ""),
                                sweep.Budget((), ""), unused, unused)  # fmt: skip
     for code, fine in ((0, True), (EXIT_JOBS_FAILED, True), (1, False)):
-        done = subprocess.CompletedProcess([], code)
-        monkeypatch.setattr(sweep.subprocess, "run", lambda *a, done=done, **k: done)
+        monkeypatch.setattr(sweep, "run_child", lambda *a, code=code: code)
         if fine:
             sweep.run(repro, quick=True, root=tmp_path, jobs=1, log=lambda _: None)
         else:

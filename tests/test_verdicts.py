@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -421,6 +422,10 @@ def test_seeds_to_decide_extends_each_grid_to_the_most_its_undecided_claims_plan
     assert script.seeds_to_decide(path, 12, grids) == {"bn": 7, "gn": 7, "precise": 12}
     assert script.seeds_to_decide(path, 6, grids) == {"bn": 6, "gn": 6, "precise": 6}
     assert script.seeds_to_decide(path, 12, grids[2:3]) == {}
+    # a tie is undecided too: an order within noise plans its seeds as any undecided claim
+    tie = [*rows, ("tie (within noise); not past the boundary", 8.0, "layernorm/b2")]
+    pd.DataFrame(tie, columns=["verdict", "planned_seeds", "arms"]).to_csv(path, index=False)
+    assert script.seeds_to_decide(path, 12, grids) == {"bn": 7, "gn": 7, "ln": 8, "precise": 12}
     # an undecided claim that names no arms cannot say which grid its seeds go to: an error (it
     # once read every grid, and ran a decided grid's seeds to the cap)
     columns = ["claim", "verdict", "planned_seeds", "arms"]
@@ -430,6 +435,32 @@ def test_seeds_to_decide_extends_each_grid_to_the_most_its_undecided_claims_plan
         script.seeds_to_decide(path, 12, grids)
     pd.DataFrame([("decided", "holds", 3.0, "")], columns=columns).to_csv(path, index=False)
     assert script.seeds_to_decide(path, 12, grids) == {}
+
+
+def test_a_subset_run_lands_only_where_its_grid_then_holds_one_of_its_looks(tmp_path, capsys):
+    """The design looks at a grid's first seeds, its plan and its cap: a --subset run of seeds
+    after which a grid would hold another count does not land (its jobs wait in the sweep dir),
+    so no claim is read at a look the simulated error rate does not cover."""
+    from normlab.analysis.sweep import Grid
+
+    script = _script()
+    name = "dit_conditioning"  # its first seeds 3, cap 12
+    paths = report.evidence_paths(tmp_path, name)
+    rows = [("undecided (within noise)", 7.0, "adaln_zero adaln")]
+    pd.DataFrame(rows, columns=["verdict", "planned_seeds", "arms"]).to_csv(paths["claims"],
+                                                                           index=False)  # fmt: skip
+    grid = Grid("conditioning", "x", arm="${model.net.conditioning}")
+    repro = SimpleNamespace(grids=(grid,))  # the grids that ran
+    paths["jobs"].parent.mkdir(parents=True)
+    jobs = [(arm, s, "ok") for arm in ("adaln_zero", "adaln") for s in range(5)]
+    pd.DataFrame(jobs, columns=["arm", "seed", "status"]).to_csv(paths["jobs"], index=False)
+    assert script.looks(name, paths["claims"], [grid]) == {"conditioning": [3, 7, 12]}
+    assert script.off_look(name, paths, repro, [("seed", ["5", "6"])]) is None  # 7: the plan
+    assert script.off_look(name, paths, repro, [("b", ["2"])]) is None  # no seeds: not a look's
+    held = script.off_look(name, paths, repro, [("seed", ["5"])])
+    assert held.startswith(f"{name}: not landed: with seed(s) 5 the conditioning grid would "
+                           "hold 6 seeds, none of its looks (3, 7, 12")  # fmt: skip
+    assert held.endswith(f"`python scripts/reproduce.py {name} --decide`)")
 
 
 def test_a_grid_arm_pattern_matches_its_own_arms_alone(tmp_path):

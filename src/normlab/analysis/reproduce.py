@@ -490,6 +490,10 @@ def reproduce(
     if bad:
         print(f"{name}: {bad} of {of} jobs not ok (see the md's jobs table)")
     paths = report.evidence_paths(sweep.figures_dir(root, quick), evidence_name(name, norm))
+    waiting = None if quick or norm or not subset else off_look(name, paths, repro, subset)
+    if waiting:
+        print(waiting, flush=True)
+        return paths["md"]
     paths["runs"].parent.mkdir(parents=True, exist_ok=True)
     data = repro.extract(runs)[report.RUNS_COLUMNS]
     rows = partial(repro.rows_at, subset=subset) if subset else None
@@ -499,6 +503,39 @@ def reproduce(
         paths = land_and_draw(data, frame, paths, bool(grids), rows, ran, draw)
     print(f"{name}: {seconds:.0f} s, wrote {paths['md']} (+ figure, data)", flush=True)
     return paths["md"]
+
+
+def looks(name: str, claims_csv: Path, grids: list[Grid]) -> dict[str, list[int]]:
+    """Per grid: the seed counts its evidence may hold, the design's looks
+    (normlab.analysis.sequential): the first seeds, the most its undecided claims plan (as
+    --decide runs it), the cap, and a raised cap."""
+    repro, initial, cap = REPRODUCTIONS[name], default_seeds(False, name), seed_cap(False, name)
+    plans = seeds_to_decide(claims_csv, cap, grids) if claims_csv.is_file() else {}
+    raised = {g.name: g.cap for g in repro.grids if g.cap}
+    return {g.name: sorted({initial, plans.get(g.name, initial), cap, raised.get(g.name, cap)})
+            for g in grids}  # fmt: skip
+
+
+def off_look(name: str, paths: dict[str, Path], repro: Reproduction,
+             subset: Subset) -> str | None:  # fmt: skip
+    """Why a --subset run's seeds may not land yet, or None: with them a grid would hold a seed
+    count that is none of its looks (`looks`), and a claim read there would be looked at once
+    more than the design's simulated error rate covers. They wait in the sweep dir (reused) for
+    the run that completes the look."""
+    seeds = {int(v) for k, values in subset if k == "seed" for v in values}
+    if not seeds:
+        return None
+    held = seeds_run(paths["jobs"], repro.grids)
+    allowed = looks(name, paths["claims"], repro.grids)
+    for g in repro.grids:
+        after = held.get(g.name, set()) | seeds
+        if g.seeds is None and len(after) not in allowed[g.name]:  # (a pilot's are its own)
+            return (f"{name}: not landed: with seed(s) {', '.join(map(str, sorted(seeds)))} the "
+                    f"{g.name} grid would hold {len(after)} seeds, none of its looks "
+                    f"({', '.join(map(str, allowed[g.name]))}: the first seeds, the plan, the "
+                    "cap); the finished jobs wait in the sweep dir for the run that completes "
+                    f"the next look (`python scripts/reproduce.py {name} --decide`)")  # fmt: skip
+    return None
 
 
 def land_and_draw(data: pd.DataFrame, jobs: pd.DataFrame, paths: dict[str, Path], merge: bool,
@@ -575,10 +612,12 @@ def reads(arms: str, grid_arm: str) -> bool:
 
 
 def seeds_to_decide(claims_csv: Path, cap: int, grids: list[Grid]) -> dict[str, int]:
-    """Per grid name: the seeds the undecided claims that read its arms plan for (the most any
-    of them needs, at most `cap`); a grid no undecided claim with a plan reads is left out."""
+    """Per grid name: the seeds the undecided claims (a tie among them) that read its arms plan
+    for (the most any of them needs, at most `cap`); a grid no undecided claim with a plan reads
+    is left out."""
     claims = pd.read_csv(claims_csv, keep_default_na=False, na_values={"planned_seeds": [""]})
-    open_ = claims[claims["verdict"].str.startswith("undecided") & claims["planned_seeds"].notna()]
+    undecided = claims["verdict"].map(report.verdict_kind).isin(["undecided", "tie"])
+    open_ = claims[undecided & claims["planned_seeds"].notna()]
     arms = open_["arms"] if "arms" in open_ else pd.Series("", index=open_.index)
     unnamed = open_[arms.str.strip() == ""]
     if len(unnamed):  # its seeds would go to no grid, or (read as every grid's) to all of them
