@@ -983,7 +983,8 @@ def test_the_sweeps_child_is_interrupted_when_its_parent_dies(tmp_path):
              "try:\n    print('ready', flush=True)\n    time.sleep(60)\n"
              "except KeyboardInterrupt:\n"
              f"    open({str(marker)!r}, 'w').write('yes')\n")  # fmt: skip
-    parent = ("import subprocess, sys\n"
+    parent = ("import signal, subprocess, sys\n"  # as from a terminal: SIGINT not ignored
+              "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
               f"c = subprocess.Popen([sys.executable, '-c', {child!r}], process_group=0, "
               "stdout=subprocess.PIPE, text=True)\n"
               "print(c.pid, c.stdout.readline().strip(), flush=True)\n"
