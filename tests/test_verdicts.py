@@ -461,6 +461,15 @@ def test_a_subset_run_lands_only_where_its_grid_then_holds_one_of_its_looks(tmp_
     assert held.startswith(f"{name}: not landed: with seed(s) 5 the conditioning grid would "
                            "hold 6 seeds, none of its looks (3, 7, 12")  # fmt: skip
     assert held.endswith(f"`python scripts/reproduce.py {name} --decide`)")
+    # a seed whose job failed ran all the same: the evidence holds it (it is not read as ok)
+    jobs.append(("adaln", 5, "failed"))
+    jobs.append(("adaln_zero", 5, "ok"))
+    pd.DataFrame(jobs, columns=["arm", "seed", "status"]).to_csv(paths["jobs"], index=False)
+    assert script.off_look(name, paths, repro, [("seed", ["6"])]) is None
+    assert script.off_looks(name, paths, [grid]) == [("conditioning", 6, [3, 7, 12])]
+    note = script.off_look_note(name, script.off_looks(name, paths, [grid]))
+    assert note.startswith("Seeds off the design's looks: conditioning holds 6 (its looks: 3, "
+                           "7, 12).")  # fmt: skip
 
 
 def test_a_grid_arm_pattern_matches_its_own_arms_alone(tmp_path):

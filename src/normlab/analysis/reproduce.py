@@ -355,6 +355,9 @@ def redraw(name: str, quick: bool, root: Path, norm: str | None = None) -> dict[
         result = within(result, data, name)
     if quick and result.notes:  # the analysis writes its notes for the full budget
         result.notes.insert(0, quick_note(repro))
+    if not (quick or norm) and (off := off_looks(name, paths, list(repro.grids),
+                                                 claims=_claims_frame(result, name))):
+        result.notes.append(off_look_note(name, off))
     plugin = _plugin(jobs) if norm else None
     return report.write_evidence(
         result, out, evidence, title,
@@ -505,37 +508,63 @@ def reproduce(
     return paths["md"]
 
 
-def looks(name: str, claims_csv: Path, grids: list[Grid]) -> dict[str, list[int]]:
+def looks(name: str, claims: Path | pd.DataFrame, grids: list[Grid]) -> dict[str, list[int]]:
     """Per grid: the seed counts its evidence may hold, the design's looks
-    (normlab.analysis.sequential): the first seeds, the most its undecided claims plan (as
-    --decide runs it), the cap, and a raised cap."""
+    (normlab.analysis.sequential): the first seeds, the most its undecided claims (`claims`, as
+    seeds_to_decide reads them) plan, as --decide runs it, the cap, and a raised cap."""
     repro, initial, cap = REPRODUCTIONS[name], default_seeds(False, name), seed_cap(False, name)
-    plans = seeds_to_decide(claims_csv, cap, grids) if claims_csv.is_file() else {}
+    known = isinstance(claims, pd.DataFrame) or claims.is_file()
+    plans = seeds_to_decide(claims, cap, grids) if known else {}
     raised = {g.name: g.cap for g in repro.grids if g.cap}
     return {g.name: sorted({initial, plans.get(g.name, initial), cap, raised.get(g.name, cap)})
             for g in grids}  # fmt: skip
 
 
+def off_looks(name: str, paths: dict[str, Path], grids: list[Grid],
+              adding: frozenset[int] = frozenset(),
+              claims: pd.DataFrame | None = None) -> list[tuple[str, int, list[int]]]:  # fmt: skip
+    """The grids whose evidence (with the seeds `adding`) holds a seed count none of its looks
+    (`looks`), each with that count and its looks: a claim read there is looked at once more
+    than the design's simulated error rate covers. A seed counts once all its jobs ran, failed
+    or not (a failed job is the evidence's too); a pilot's seeds are its own."""
+    held = seeds_run(paths["jobs"], grids, ok_only=False)
+    allowed = looks(name, paths["claims"] if claims is None else claims, grids)
+    counts = {g.name: len(held.get(g.name, set()) | adding) for g in grids if g.seeds is None}
+    return [(g, n, allowed[g]) for g, n in counts.items() if n and n not in allowed[g]]
+
+
+def _claims_frame(result: report.Result, name: str) -> pd.DataFrame:
+    """The claims.csv rows a render decides (its verdicts, plans and arms), before they are
+    written: what this draw's looks follow, from runs.csv alone."""
+    decisions = gates.decide(result.claims, result.gates, default_seeds(False, name),
+                             seed_caps(False, name))  # fmt: skip
+    rows = [report.decided_row(c, d) for c, d in zip(result.claims, decisions, strict=True)]
+    return pd.DataFrame(rows, columns=report.CLAIMS_COLUMNS)
+
+
+def off_look_note(name: str, off: list[tuple[str, int, list[int]]]) -> str:
+    """The md's note on grids whose evidence holds a count none of their looks."""
+    grids = "; ".join(f"{g} holds {n} (its looks: {', '.join(map(str, k))})" for g, n, k in off)
+    return (f"Seeds off the design's looks: {grids}. They landed before the sequential design, "
+            "or as shares of a grid; the claims on them are read at every seed held, a look the "
+            "simulated error rate does not cover. The next run lands only at a look "
+            f"(`python scripts/reproduce.py {name} --decide`).")
+
+
 def off_look(name: str, paths: dict[str, Path], repro: Reproduction,
              subset: Subset) -> str | None:  # fmt: skip
     """Why a --subset run's seeds may not land yet, or None: with them a grid would hold a seed
-    count that is none of its looks (`looks`), and a claim read there would be looked at once
-    more than the design's simulated error rate covers. They wait in the sweep dir (reused) for
-    the run that completes the look."""
-    seeds = {int(v) for k, values in subset if k == "seed" for v in values}
-    if not seeds:
+    count that is none of its looks (`off_looks`). They wait in the sweep dir (reused) for the
+    run that completes the look."""
+    seeds = frozenset(int(v) for k, values in subset if k == "seed" for v in values)
+    off = off_looks(name, paths, list(repro.grids), seeds) if seeds else []
+    if not off:
         return None
-    held = seeds_run(paths["jobs"], repro.grids)
-    allowed = looks(name, paths["claims"], repro.grids)
-    for g in repro.grids:
-        after = held.get(g.name, set()) | seeds
-        if g.seeds is None and len(after) not in allowed[g.name]:  # (a pilot's are its own)
-            return (f"{name}: not landed: with seed(s) {', '.join(map(str, sorted(seeds)))} the "
-                    f"{g.name} grid would hold {len(after)} seeds, none of its looks "
-                    f"({', '.join(map(str, allowed[g.name]))}: the first seeds, the plan, the "
-                    "cap); the finished jobs wait in the sweep dir for the run that completes "
-                    f"the next look (`python scripts/reproduce.py {name} --decide`)")  # fmt: skip
-    return None
+    grid, n, allowed = off[0]
+    return (f"{name}: not landed: with seed(s) {', '.join(map(str, sorted(seeds)))} the {grid} "
+            f"grid would hold {n} seeds, none of its looks ({', '.join(map(str, allowed))}: the "
+            "first seeds, the plan, the cap); the finished jobs wait in the sweep dir for the run "
+            f"that completes the next look (`python scripts/reproduce.py {name} --decide`)")
 
 
 def land_and_draw(data: pd.DataFrame, jobs: pd.DataFrame, paths: dict[str, Path], merge: bool,
@@ -611,11 +640,13 @@ def reads(arms: str, grid_arm: str) -> bool:
     return any(pattern.fullmatch(a) or pattern.fullmatch(a.rsplit("/", 1)[0]) for a in arms.split())
 
 
-def seeds_to_decide(claims_csv: Path, cap: int, grids: list[Grid]) -> dict[str, int]:
+def seeds_to_decide(claims_csv: Path | pd.DataFrame, cap: int, grids: list[Grid]
+                    ) -> dict[str, int]:  # fmt: skip
     """Per grid name: the seeds the undecided claims (a tie among them) that read its arms plan
     for (the most any of them needs, at most `cap`); a grid no undecided claim with a plan reads
-    is left out."""
-    claims = pd.read_csv(claims_csv, keep_default_na=False, na_values={"planned_seeds": [""]})
+    is left out. The claims: NAME.claims.csv, or its rows as a frame."""
+    claims = claims_csv if isinstance(claims_csv, pd.DataFrame) else pd.read_csv(
+        claims_csv, keep_default_na=False, na_values={"planned_seeds": [""]})  # fmt: skip
     undecided = claims["verdict"].map(report.verdict_kind).isin(["undecided", "tie"])
     open_ = claims[undecided & claims["planned_seeds"].notna()]
     arms = open_["arms"] if "arms" in open_ else pd.Series("", index=open_.index)
@@ -636,9 +667,10 @@ def seeds_to_decide(claims_csv: Path, cap: int, grids: list[Grid]) -> dict[str, 
 QUICK_CAP = 3  # --decide --quick: a smoke test of the plan, one seed past the quick ones
 
 
-def seeds_run(jobs_csv: Path, grids: list[Grid]) -> dict[str, set[int]]:
-    """Per grid name: the seeds every arm of it has in the evidence, each with all its jobs ok
-    (as many as the arm's most complete seed has: every value of a swept key, e.g. each b)."""
+def seeds_run(jobs_csv: Path, grids: list[Grid], ok_only: bool = True) -> dict[str, set[int]]:
+    """Per grid name: the seeds every arm of it has in the evidence, each with all its jobs (as
+    many as the arm's most complete seed has: every value of a swept key, e.g. each b) ok, or
+    (`ok_only` False) run whatever their status."""
     if not jobs_csv.is_file():
         return {}
     jobs = pd.read_csv(jobs_csv, keep_default_na=False)
@@ -648,9 +680,10 @@ def seeds_run(jobs_csv: Path, grids: list[Grid]) -> dict[str, set[int]]:
         if mine.empty:
             found[g.name] = set()
         for _, arm in mine.groupby("arm"):  # each arm its jobs run as (an lr of a pilot's)
-            counts = arm.groupby("seed")["status"].agg(lambda s: (len(s), (s == "ok").all()))
+            counts = arm.groupby("seed")["status"].agg(
+                lambda s: (len(s), (s == "ok").all() or not ok_only))
             full = max(n for n, _ in counts)
-            seeds = {int(s) for s, (n, ok) in counts.items() if ok and n == full}
+            seeds = {int(s) for s, (n, fine) in counts.items() if fine and n == full}
             found[g.name] = found.get(g.name, seeds) & seeds
     return found
 
