@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import textwrap
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar
@@ -515,7 +516,7 @@ SMOKE = "smoke: not evidence"
 def write_evidence(
     result: Result, out_dir: Path, name: str, title: str, command: str, budget: str,
     jobs: pd.DataFrame, initial: int = 3, cap: int | sequential.Caps = 12, redraw: str = "",
-    smoke: bool = False,
+    smoke: bool = False, more_notes: Callable[[pd.DataFrame], list[str]] | None = None,
 ) -> dict[str, Path]:  # fmt: skip
     """Write NAME.png, .svg, .md and .claims.csv from an analysed runs.csv (no run logs read).
     `redraw` is the command that redraws it (default `reproduce.py NAME --redraw`); a `smoke`
@@ -551,8 +552,9 @@ def write_evidence(
         "",
         claims_table(result.claims, decisions, initial, cap),
     ]
-    if result.notes:
-        text += ["## Notes", ""] + [f"- {n}" for n in result.notes] + [""]
+    notes = result.notes + (more_notes(claims) if more_notes else [])  # from the decided rows
+    if notes:
+        text += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
     for title, body in result.sections.items():
         text += [f"## {title}", "", body, ""]
     text += ["## Jobs", "", jobs_table(jobs)]

@@ -355,15 +355,13 @@ def redraw(name: str, quick: bool, root: Path, norm: str | None = None) -> dict[
         result = within(result, data, name)
     if quick and result.notes:  # the analysis writes its notes for the full budget
         result.notes.insert(0, quick_note(repro))
-    if not (quick or norm) and (off := off_looks(name, paths, list(repro.grids),
-                                                 claims=_claims_frame(result, name))):
-        result.notes.append(off_look_note(name, off))
     plugin = _plugin(jobs) if norm else None
     return report.write_evidence(
         result, out, evidence, title,
         command_text(name, quick, seeds, norm, plugin, seeds_decided(repro, jobs)),
         repro.budget(quick).text, jobs, default_seeds(quick, name), seed_caps(quick, name),
         redraw_text(name, quick, norm, plugin), smoke=quick,
+        more_notes=None if quick or norm else partial(_off_look_notes, name, paths, repro),
     )  # fmt: skip
 
 
@@ -533,13 +531,11 @@ def off_looks(name: str, paths: dict[str, Path], grids: list[Grid],
     return [(g, n, allowed[g]) for g, n in counts.items() if n and n not in allowed[g]]
 
 
-def _claims_frame(result: report.Result, name: str) -> pd.DataFrame:
-    """The claims.csv rows a render decides (its verdicts, plans and arms), before they are
-    written: what this draw's looks follow, from runs.csv alone."""
-    decisions = gates.decide(result.claims, result.gates, default_seeds(False, name),
-                             seed_caps(False, name))  # fmt: skip
-    rows = [report.decided_row(c, d) for c, d in zip(result.claims, decisions, strict=True)]
-    return pd.DataFrame(rows, columns=report.CLAIMS_COLUMNS)
+def _off_look_notes(name: str, paths: dict[str, Path], repro: Reproduction,
+                    claims: pd.DataFrame) -> list[str]:  # fmt: skip
+    """The md's note on off-look grids, from this draw's decided claims (runs.csv alone)."""
+    off = off_looks(name, paths, list(repro.grids), claims=claims)
+    return [off_look_note(name, off)] if off else []
 
 
 def off_look_note(name: str, off: list[tuple[str, int, list[int]]]) -> str:
