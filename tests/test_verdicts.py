@@ -460,7 +460,8 @@ def test_a_subset_run_lands_only_where_its_grid_then_holds_one_of_its_looks(tmp_
     held = script.off_look(name, paths, repro, [("seed", ["5"])])
     assert held.startswith(f"{name}: not landed: with seed(s) 5 the conditioning grid would "
                            "hold 6 seeds, none of its looks (3, 7, 12")  # fmt: skip
-    assert held.endswith(f"`python scripts/reproduce.py {name} --decide`)")
+    assert held.endswith(f"`python scripts/reproduce.py {name} --decide`), which reruns none "
+                         "of them")  # fmt: skip
     # a seed whose job failed ran all the same: the evidence holds it (it is not read as ok)
     jobs.append(("adaln", 5, "failed"))
     jobs.append(("adaln_zero", 5, "ok"))
@@ -470,6 +471,72 @@ def test_a_subset_run_lands_only_where_its_grid_then_holds_one_of_its_looks(tmp_
     note = script.off_look_note(name, script.off_looks(name, paths, [grid]))
     assert note.startswith("Seeds off the design's looks: conditioning holds 6 (its looks: 3, "
                            "7, 12).")  # fmt: skip
+
+
+def test_seeds_short_of_a_look_wait_committed_in_pending_and_land_with_the_look(tmp_path, capsys):
+    """A grid that takes more than a session to reach its next look loses nothing to a new
+    machine: a share of its seeds short of the look waits in NAME/pending/ (read by no claim);
+    --decide counts those seeds as run, and the run that completes the look lands them with its
+    own, after which pending/ is gone. A pending job run again lands once, as run again."""
+    from normlab.analysis import pending
+    from normlab.analysis.sweep import Grid
+
+    script = _script()
+    name = "dit_conditioning"  # its first seeds 3, cap 12
+    paths = report.evidence_paths(tmp_path, name)
+    pd.DataFrame([("undecided (within noise)", 7.0, "adaln_zero adaln")],
+                 columns=["verdict", "planned_seeds", "arms"]).to_csv(paths["claims"],
+                                                                       index=False)  # fmt: skip
+    grid = Grid("conditioning", "x", arm="${model.net.conditioning}")
+    arms = ("adaln_zero", "adaln")
+
+    def evidence(seeds, value=1.0):  # the runs.csv and jobs.csv rows of these seeds' jobs
+        runs = pd.DataFrame([(a, s, "final/fid", value) for a in arms for s in seeds],
+                            columns=["arm", "seed", "metric", "value"])  # fmt: skip
+        jobs = pd.DataFrame([(a, s, "ok", f"seed={s} c={a}") for a in arms for s in seeds],
+                            columns=["arm", "seed", "status", "overrides"])  # fmt: skip
+        return runs, jobs
+
+    def at(data, subset):  # Reproduction.rows_at for a seed subset
+        return data["seed"].isin([int(v) for _, vs in subset for v in vs])
+
+    repro = SimpleNamespace(grids=(grid,), rows_at=at)
+    paths["runs"].parent.mkdir(parents=True)
+    runs, jobs = evidence(range(3))
+    runs.to_csv(paths["runs"], index=False)
+    jobs.to_csv(paths["jobs"], index=False)
+    drawn = []
+
+    def draw():
+        drawn.append(pd.read_csv(paths["runs"]))
+        return {"md": paths["md"]}
+
+    def land(seeds, value=1.0):  # a --subset seed=.. run whose sweep dir holds only `seeds`
+        runs, jobs = evidence(seeds, value)
+        subset = [("seed", [str(s) for s in seeds])]
+        return script.land_or_hold(name, paths, repro, runs, jobs, True, draw, subset, True)
+
+    assert land([3, 4]) is None and not drawn  # 5 seeds: none of 3, 7, 12
+    assert "their rows wait in dit_conditioning/pending/ (commit it)" in capsys.readouterr().out
+    where = pending.paths(paths)
+    assert sorted(pd.read_csv(where["jobs"])["seed"]) == [3, 3, 4, 4]
+    assert sorted(set(pd.read_csv(paths["runs"])["seed"])) == [0, 1, 2]  # the evidence as it was
+    # a new machine: --decide counts the pending seeds as run, and their share of 7 runs none
+    assert script.seeds_run(pending.jobs(paths), [grid]) == {"conditioning": {0, 1, 2, 3, 4}}
+    assert script.seeds_run(paths["jobs"], [grid]) == {"conditioning": {0, 1, 2}}
+    note = pending.note(paths)
+    assert note.startswith("Run, not yet read: adaln, adaln_zero seed(s) 3, 4 (4 jobs")
+    assert land([5]) is None  # 6: still none of the looks; seed 5 joins seeds 3, 4
+    assert sorted(set(pd.read_csv(where["runs"])["seed"])) == [3, 4, 5]
+    # the look: seeds 6 and a rerun of 4 complete 7; every pending job lands, 4 as rerun, once
+    assert land([4, 6], value=2.0) == {"md": paths["md"]}
+    landed = drawn[-1]
+    assert sorted(landed["seed"]) == sorted([*range(7)] * 2)
+    assert (landed[landed["seed"].isin([4, 6])]["value"] == 2.0).all()
+    assert (landed[landed["seed"].isin([3, 5])]["value"] == 1.0).all()
+    assert sorted(pd.read_csv(paths["jobs"])["seed"]) == sorted([*range(7)] * 2)
+    assert not where["runs"].parent.exists() and pending.note(paths) == ""
+    assert script.off_looks(name, paths, [grid]) == []
 
 
 def test_a_grid_arm_pattern_matches_its_own_arms_alone(tmp_path):

@@ -54,7 +54,7 @@ from pathlib import Path
 import pandas as pd
 
 from normlab import identity, layout
-from normlab.analysis import gates, report, sequential, sweep
+from normlab.analysis import gates, pending, report, sequential, sweep
 from normlab.analysis.logs import parse_overrides, same_value
 from normlab.analysis.readme import update_readme
 from normlab.analysis.reproductions import REPRODUCTIONS
@@ -491,19 +491,43 @@ def reproduce(
     if bad:
         print(f"{name}: {bad} of {of} jobs not ok (see the md's jobs table)")
     paths = report.evidence_paths(sweep.figures_dir(root, quick), evidence_name(name, norm))
-    waiting = None if quick or norm or not subset else off_look(name, paths, repro, subset)
-    if waiting:
-        print(waiting, flush=True)
-        return paths["md"]
     paths["runs"].parent.mkdir(parents=True, exist_ok=True)
     data = repro.extract(runs)[report.RUNS_COLUMNS]
+    draw = partial(redraw, name, quick, root, norm)  # the md from the files, as --redraw
+    with file_lock(sweep.sweep_dir(root, name, quick) / EVIDENCE_LOCK):
+        drawn = land_or_hold(name, paths, repro, data, frame, bool(grids), draw, subset,
+                             sequenced=bool(subset) and not (quick or norm))  # fmt: skip
+    if drawn is None:
+        return paths["md"]
+    print(f"{name}: {seconds:.0f} s, wrote {drawn['md']} (+ figure, data)", flush=True)
+    return drawn["md"]
+
+
+def land_or_hold(name: str, paths: dict[str, Path], repro: Reproduction, data: pd.DataFrame,
+                 jobs: pd.DataFrame, merge: bool, draw: Callable[[], dict[str, Path]],
+                 subset: Subset | None, sequenced: bool) -> dict[str, Path] | None:  # fmt: skip
+    """Land a run's rows (runs.csv's `data`, jobs.csv's `jobs`) and draw its md (None: held).
+    `sequenced` (a --subset run of the full budget, a share of a grid): where the grid would
+    then hold a seed count none of the design's looks, the rows wait in NAME/pending/ instead
+    (`off_look`); where it holds a look, the pending rows of its grids land with its own."""
     rows = partial(repro.rows_at, subset=subset) if subset else None
     ran = partial(_jobs_at, subset=subset) if subset else None
-    with file_lock(sweep.sweep_dir(root, name, quick) / EVIDENCE_LOCK):
-        draw = partial(redraw, name, quick, root, norm)  # the md from the files, as --redraw
-        paths = land_and_draw(data, frame, paths, bool(grids), rows, ran, draw)
-    print(f"{name}: {seconds:.0f} s, wrote {paths['md']} (+ figure, data)", flush=True)
-    return paths["md"]
+    waiting = off_look(name, paths, repro, subset) if sequenced and subset else None
+    if waiting:  # its rows wait, committed, for the run that completes the look
+        land_evidence(data, jobs, pending.paths(paths), True, rows, ran)
+        print(waiting, flush=True)
+        return None
+    if not (sequenced and rows and ran):
+        return land_and_draw(data, jobs, paths, merge, rows, ran, draw)
+    data, jobs, rows, ran = pending.join(paths, data, jobs, rows, ran, partial(_of_grids, repro))
+    drawn = land_and_draw(data, jobs, paths, merge, rows, ran, draw)
+    pending.release(paths, data[rows(data)], jobs[ran(jobs)], report.FLOAT)
+    return drawn
+
+
+def _of_grids(repro: Reproduction, arm: str) -> bool:
+    """Whether an arm (runs.csv's or jobs.csv's) is one a grid of repro runs."""
+    return any(reads(arm, g.arm) for g in repro.grids)
 
 
 def looks(name: str, claims: Path | pd.DataFrame, grids: list[Grid]) -> dict[str, list[int]]:
@@ -519,13 +543,15 @@ def looks(name: str, claims: Path | pd.DataFrame, grids: list[Grid]) -> dict[str
 
 
 def off_looks(name: str, paths: dict[str, Path], grids: list[Grid],
-              adding: frozenset[int] = frozenset(),
+              adding: frozenset[int] | None = None,
               claims: pd.DataFrame | None = None) -> list[tuple[str, int, list[int]]]:  # fmt: skip
-    """The grids whose evidence (with the seeds `adding`) holds a seed count none of its looks
-    (`looks`), each with that count and its looks: a claim read there is looked at once more
-    than the design's simulated error rate covers. A seed counts once all its jobs ran, failed
-    or not (a failed job is the evidence's too); a pilot's seeds are its own."""
-    held = seeds_run(paths["jobs"], grids, ok_only=False)
+    """The grids whose evidence holds a seed count none of its looks (`looks`), each with that
+    count and its looks: a claim read there is looked at once more than the design's simulated
+    error rate covers. With `adding` (a landing's seeds), the count it would hold with those and
+    the pending ones (normlab.analysis.pending). A seed counts once all its jobs ran, failed or
+    not (a failed job is the evidence's too); a pilot's seeds are its own."""
+    held = seeds_run(pending.jobs(paths, with_pending=adding is not None), grids, ok_only=False)
+    adding = adding or frozenset()
     allowed = looks(name, paths["claims"] if claims is None else claims, grids)
     counts = {g.name: len(held.get(g.name, set()) | adding) for g in grids if g.seeds is None}
     return [(g, n, allowed[g]) for g, n in counts.items() if n and n not in allowed[g]]
@@ -535,7 +561,8 @@ def _off_look_notes(name: str, paths: dict[str, Path], repro: Reproduction,
                     claims: pd.DataFrame) -> list[str]:  # fmt: skip
     """The md's note on off-look grids, from this draw's decided claims (runs.csv alone)."""
     off = off_looks(name, paths, list(repro.grids), claims=claims)
-    return [off_look_note(name, off)] if off else []
+    waiting = pending.note(paths)
+    return [off_look_note(name, off)] * bool(off) + [waiting] * bool(waiting)
 
 
 def off_look_note(name: str, off: list[tuple[str, int, list[int]]]) -> str:
@@ -550,17 +577,20 @@ def off_look_note(name: str, off: list[tuple[str, int, list[int]]]) -> str:
 def off_look(name: str, paths: dict[str, Path], repro: Reproduction,
              subset: Subset) -> str | None:  # fmt: skip
     """Why a --subset run's seeds may not land yet, or None: with them a grid would hold a seed
-    count that is none of its looks (`off_looks`). They wait in the sweep dir (reused) for the
-    run that completes the look."""
+    count that is none of its looks (`off_looks`, with the pending seeds). They wait in
+    NAME/pending/ for the run that completes the look."""
     seeds = frozenset(int(v) for k, values in subset if k == "seed" for v in values)
-    off = off_looks(name, paths, list(repro.grids), seeds) if seeds else []
+    waiting = pending.read(pending.paths(paths)["jobs"]) is not None  # they land with it
+    off = off_looks(name, paths, list(repro.grids), seeds) if seeds or waiting else []
     if not off:
         return None
     grid, n, allowed = off[0]
     return (f"{name}: not landed: with seed(s) {', '.join(map(str, sorted(seeds)))} the {grid} "
             f"grid would hold {n} seeds, none of its looks ({', '.join(map(str, allowed))}: the "
-            "first seeds, the plan, the cap); the finished jobs wait in the sweep dir for the run "
-            f"that completes the next look (`python scripts/reproduce.py {name} --decide`)")
+            "first seeds, the plan, the cap); their rows wait in "
+            f"{paths['runs'].parent.name}/pending/ (commit it) for the run that completes the "
+            f"next look (`python scripts/reproduce.py {name} --decide`), which reruns none of "
+            "them")
 
 
 def land_and_draw(data: pd.DataFrame, jobs: pd.DataFrame, paths: dict[str, Path], merge: bool,
@@ -663,13 +693,17 @@ def seeds_to_decide(claims_csv: Path | pd.DataFrame, cap: int, grids: list[Grid]
 QUICK_CAP = 3  # --decide --quick: a smoke test of the plan, one seed past the quick ones
 
 
-def seeds_run(jobs_csv: Path, grids: list[Grid], ok_only: bool = True) -> dict[str, set[int]]:
-    """Per grid name: the seeds every arm of it has in the evidence, each with all its jobs (as
-    many as the arm's most complete seed has: every value of a swept key, e.g. each b) ok, or
-    (`ok_only` False) run whatever their status."""
-    if not jobs_csv.is_file():
+def seeds_run(jobs_csv: Path | pd.DataFrame | None, grids: list[Grid], ok_only: bool = True
+              ) -> dict[str, set[int]]:  # fmt: skip
+    """Per grid name: the seeds every arm of it has in the evidence (a jobs.csv, or its rows), each
+    with all its jobs (as many as the arm's most complete seed has: every value of a swept key,
+    e.g. each b) ok, or (`ok_only` False) run whatever their status."""
+    if isinstance(jobs_csv, pd.DataFrame):
+        jobs = jobs_csv
+    elif jobs_csv is None or not jobs_csv.is_file():
         return {}
-    jobs = pd.read_csv(jobs_csv, keep_default_na=False)
+    else:
+        jobs = pd.read_csv(jobs_csv, keep_default_na=False)
     found: dict[str, set[int]] = {}
     for g in grids:
         mine = jobs[jobs["arm"].str.fullmatch(arm_pattern(g.arm).pattern)]
@@ -700,7 +734,7 @@ def decide(name: str, quick: bool, jobs: int, root: Path, grids: list[str] | Non
               if (grids is None or g.name in grids) and (quick or g.seeds is None)]  # fmt: skip
 
     def run_missing(target: dict[str, int], why: str) -> None:
-        held, todo = seeds_run(paths["jobs"], chosen), {}
+        held, todo = seeds_run(pending.jobs(paths), chosen), {}  # pending ones run too
         for g, n in target.items():
             missing = tuple(s for s in range(n) if s not in held.get(g, set()))
             if missing:
