@@ -537,6 +537,16 @@ def test_seeds_short_of_a_look_wait_committed_in_pending_and_land_with_the_look(
     assert sorted(pd.read_csv(paths["jobs"])["seed"]) == sorted([*range(7)] * 2)
     assert not where["runs"].parent.exists() and pending.note(paths) == ""
     assert script.off_looks(name, paths, [grid]) == []
+    # decided at its plan, the claim plans nothing more: the landing's stamp keeps 7 a look
+    pd.DataFrame([("holds", 4.0, "adaln_zero adaln")],
+                 columns=["verdict", "planned_seeds", "arms"]).to_csv(paths["claims"],
+                                                                       index=False)  # fmt: skip
+    assert script.looks(name, paths["claims"], [grid]) == {"conditioning": [3, 12]}
+    assert script.stamped_looks(pd.read_csv(paths["jobs"]), [grid]) == {"conditioning": {7}}
+    assert script.off_looks(name, paths, [grid]) == []
+    unstamped = pd.read_csv(paths["jobs"]).drop(columns=[script.LOOK])
+    unstamped.to_csv(paths["jobs"], index=False)  # as landed before the stamp: off the looks
+    assert script.off_looks(name, paths, [grid]) == [("conditioning", 7, [3, 12])]
 
 
 def test_a_grid_arm_pattern_matches_its_own_arms_alone(tmp_path):

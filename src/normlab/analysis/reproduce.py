@@ -520,6 +520,7 @@ def land_or_hold(name: str, paths: dict[str, Path], repro: Reproduction, data: p
     if not (sequenced and rows and ran):
         return land_and_draw(data, jobs, paths, merge, rows, ran, draw)
     data, jobs, rows, ran = pending.join(paths, data, jobs, rows, ran, partial(_of_grids, repro))
+    jobs = stamp_looks(jobs, ran, seeds_held(paths, list(repro.grids), _seeds(subset)), repro)
     drawn = land_and_draw(data, jobs, paths, merge, rows, ran, draw)
     pending.release(paths, data[rows(data)], jobs[ran(jobs)], report.FLOAT)
     return drawn
@@ -550,11 +551,56 @@ def off_looks(name: str, paths: dict[str, Path], grids: list[Grid],
     error rate covers. With `adding` (a landing's seeds), the count it would hold with those and
     the pending ones (normlab.analysis.pending). A seed counts once all its jobs ran, failed or
     not (a failed job is the evidence's too); a pilot's seeds are its own."""
+    counts = seeds_held(paths, grids, adding)
+    allowed = looks(name, paths["claims"] if claims is None else claims, grids)
+    landed = stamped_looks(pending.jobs(paths, with_pending=False), grids)
+    return [(g, n, sorted({*allowed[g], *landed.get(g, ())})) for g, n in counts.items()
+            if n and n not in allowed[g] and n not in landed.get(g, ())]  # fmt: skip
+
+
+def seeds_held(paths: dict[str, Path], grids: list[Grid], adding: frozenset[int] | None = None
+               ) -> dict[str, int]:  # fmt: skip
+    """Per grid (but a pilot, whose seeds are its own): how many seeds its evidence holds, a seed
+    counted once all its jobs ran (failed or not); with `adding` (a landing's seeds), with those
+    and the pending ones."""
     held = seeds_run(pending.jobs(paths, with_pending=adding is not None), grids, ok_only=False)
     adding = adding or frozenset()
-    allowed = looks(name, paths["claims"] if claims is None else claims, grids)
-    counts = {g.name: len(held.get(g.name, set()) | adding) for g in grids if g.seeds is None}
-    return [(g, n, allowed[g]) for g, n in counts.items() if n and n not in allowed[g]]
+    return {g.name: len(held.get(g.name, set()) | adding) for g in grids if g.seeds is None}
+
+
+LOOK = "look"  # jobs.csv: the seed count a sequenced landing left its grid at, a look of the design
+
+
+def stamp_looks(jobs: pd.DataFrame, ran: Callable[[pd.DataFrame], pd.Series],
+                counts: dict[str, int], repro: Reproduction) -> pd.DataFrame:  # fmt: skip
+    """The landing's jobs (`ran`), each stamped with the look it completes (`counts`, its grid's
+    seeds after it): once its claims are decided their plan is gone from claims.csv, and the
+    stamp keeps the count a look of the md's note (`off_looks`)."""
+    jobs = jobs.copy()
+    if LOOK not in jobs:
+        jobs[LOOK] = float("nan")
+    for g in repro.grids:
+        if g.name in counts:
+            mine = ran(jobs) & jobs["arm"].astype(str).str.fullmatch(arm_pattern(g.arm).pattern)
+            jobs.loc[mine, LOOK] = counts[g.name]
+    return jobs
+
+
+def stamped_looks(jobs: pd.DataFrame | None, grids: list[Grid]) -> dict[str, set[int]]:
+    """Per grid: the looks its jobs were landed at (`stamp_looks`)."""
+    if jobs is None or LOOK not in jobs:
+        return {}
+    stamped = pd.to_numeric(jobs[LOOK], errors="coerce")
+    found = {}
+    for g in grids:
+        mine = jobs["arm"].astype(str).str.fullmatch(arm_pattern(g.arm).pattern)
+        found[g.name] = {int(n) for n in stamped[mine].dropna()}
+    return found
+
+
+def _seeds(subset: Subset | None) -> frozenset[int]:
+    """A --subset's seeds (none where it names no seed)."""
+    return frozenset(int(v) for k, values in subset or () if k == "seed" for v in values)
 
 
 def _off_look_notes(name: str, paths: dict[str, Path], repro: Reproduction,
@@ -579,7 +625,7 @@ def off_look(name: str, paths: dict[str, Path], repro: Reproduction,
     """Why a --subset run's seeds may not land yet, or None: with them a grid would hold a seed
     count that is none of its looks (`off_looks`, with the pending seeds). They wait in
     NAME/pending/ for the run that completes the look."""
-    seeds = frozenset(int(v) for k, values in subset if k == "seed" for v in values)
+    seeds = _seeds(subset)
     waiting = pending.read(pending.paths(paths)["jobs"]) is not None  # they land with it
     off = off_looks(name, paths, list(repro.grids), seeds) if seeds or waiting else []
     if not off:
