@@ -308,6 +308,11 @@ def test_seeds_text_lists_the_seeds_per_group_of_arms():
     assert report.seeds_text(jobs) == (
         "0, 1, 2, 3, 4 for bn (per_device=2), bn (per_device=32); 0, 1, 2 for the other 3 arms"
     )
+    # the arm's own name among its overrides (`arm=${...}`, which older jobs lack) is no setting
+    named = pd.DataFrame([("up/d6", s, f"depth=6 seed={s}" + (" arm=up/${d}" if s > 2 else ""))
+                          for s in range(5)] + [("up/d9", s, f"depth=9 seed={s}") for s in (0, 1)],
+                         columns=["arm", "seed", "overrides"])  # fmt: skip
+    assert report.seeds_text(named) == "0, 1 for up/d9; 0, 1, 2, 3, 4 for up/d6"
 
 
 # ----- bn_lenet: logs -> runs.csv -> claims -------------------------------------------------------

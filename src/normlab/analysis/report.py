@@ -383,14 +383,16 @@ def _seed_set(seeds: pd.Series) -> tuple[int, ...]:
 
 
 def _settings(jobs: pd.DataFrame) -> pd.Series:
-    """Each job's arm, with the values of the overrides (seed aside) that its arm's jobs ran at
-    unequal seed sets, e.g. 'batchnorm (per_device=2)'; its arm alone where all share seeds."""
+    """Each job's arm, with the values of the overrides (seed and the arm's own name aside) that
+    its arm's jobs ran at unequal seed sets, e.g. 'batchnorm (per_device=2)'; its arm alone where
+    all share seeds."""
     labels = jobs["arm"].astype(str)
     if "overrides" not in jobs:
         return labels
     for arm, rows in jobs.groupby("arm", sort=False):
         keys = pd.DataFrame([parse_overrides(o) for o in rows["overrides"].fillna("")],
-                            index=rows.index).drop(columns="seed", errors="ignore")  # fmt: skip
+                            index=rows.index)  # fmt: skip
+        keys = keys.drop(columns=["seed", "arm"], errors="ignore")
         varying = [k for k in keys.columns if keys[k].nunique(dropna=False) > 1]
         at = pd.Series([", ".join(f"{k}={keys.at[i, k]}" for k in varying) for i in rows.index],
                        index=rows.index)  # fmt: skip
@@ -412,7 +414,8 @@ def seeds_text(jobs: pd.DataFrame) -> str:
         return f"{', '.join(map(str, next(iter(groups))))} for every arm"
     *fewer, (most_seeds, most) = sorted(groups.items(), key=lambda kv: (len(kv[1]), kv[0]))
     parts = [f"{', '.join(map(str, seeds))} for {', '.join(arms)}" for seeds, arms in fewer]
-    return "; ".join([*parts, f"{', '.join(map(str, most_seeds))} for the other {len(most)} arms"])
+    rest = f"the other {len(most)} arms" if len(most) > 1 else most[0]
+    return "; ".join([*parts, f"{', '.join(map(str, most_seeds))} for {rest}"])
 
 
 def gates_table(found: list[gates.Gate]) -> str:
