@@ -455,9 +455,16 @@ def test_a_subset_run_lands_only_where_its_grid_then_holds_one_of_its_looks(tmp_
     jobs = [(arm, s, "ok") for arm in ("adaln_zero", "adaln") for s in range(5)]
     pd.DataFrame(jobs, columns=["arm", "seed", "status"]).to_csv(paths["jobs"], index=False)
     assert script.looks(name, paths["claims"], [grid]) == {"conditioning": [3, 7, 12]}
-    assert script.off_look(name, paths, repro, [("seed", ["5", "6"])]) is None  # 7: the plan
-    assert script.off_look(name, paths, repro, [("b", ["2"])]) is None  # no seeds: not a look's
-    held = script.off_look(name, paths, repro, [("seed", ["5"])])
+
+    def run(*seeds, status="ok"):  # a --subset seed=.. run: its subset and its jobs' rows
+        rows = [(arm, s, status) for arm in ("adaln_zero", "adaln") for s in seeds]
+        subset = [("seed", [str(s) for s in seeds])]
+        return subset, pd.DataFrame(rows, columns=["arm", "seed", "status"])
+
+    assert script.off_look(name, paths, repro, *run(5, 6)) is None  # 7: the plan
+    b2 = pd.DataFrame([("adaln", 2, "ok")], columns=["arm", "seed", "status"])
+    assert script.off_look(name, paths, repro, [("b", ["2"])], b2) is None  # no seeds: no look's
+    held = script.off_look(name, paths, repro, *run(5))
     assert held.startswith(f"{name}: not landed: with seed(s) 5 the conditioning grid would "
                            "hold 6 seeds, none of its looks (3, 7, 12")  # fmt: skip
     assert held.endswith(f"`python scripts/reproduce.py {name} --decide`), which reruns none "
@@ -466,7 +473,10 @@ def test_a_subset_run_lands_only_where_its_grid_then_holds_one_of_its_looks(tmp_
     jobs.append(("adaln", 5, "failed"))
     jobs.append(("adaln_zero", 5, "ok"))
     pd.DataFrame(jobs, columns=["arm", "seed", "status"]).to_csv(paths["jobs"], index=False)
-    assert script.off_look(name, paths, repro, [("seed", ["6"])]) is None
+    assert script.off_look(name, paths, repro, *run(6)) is None
+    # a seed one of whose jobs was killed (dropped before landing) is not held: 6 seeds, off
+    killed = run(6)[1].iloc[:1]
+    assert "would hold 6 seeds" in script.off_look(name, paths, repro, [("seed", ["6"])], killed)
     assert script.off_looks(name, paths, [grid]) == [("conditioning", 6, [3, 7, 12])]
     note = script.off_look_note(name, script.off_looks(name, paths, [grid]))
     assert note.startswith("Seeds off the design's looks: conditioning holds 6 (its looks: 3, "

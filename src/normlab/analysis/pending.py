@@ -47,6 +47,14 @@ def jobs(evidence: dict[str, Path], with_pending: bool = True) -> pd.DataFrame |
     return pd.concat([landed, waiting], ignore_index=True)
 
 
+def replaced(jobs_: pd.DataFrame | None, landing: pd.DataFrame) -> pd.DataFrame:
+    """jobs.csv rows with a landing's in place of the same jobs' (a job run again)."""
+    if jobs_ is None:
+        return landing
+    kept = jobs_[~_keys(jobs_, JOB_KEY).isin(set(_keys(landing, JOB_KEY)))]
+    return pd.concat([kept, landing], ignore_index=True)
+
+
 def _keys(frame: pd.DataFrame, columns: list[str]) -> pd.Series:
     """Each row's job, as one string of its `columns` (those the frame has)."""
     held = [c for c in columns if c in frame]

@@ -482,6 +482,8 @@ def reproduce(
                                        launcher=launcher, launcher_args=launcher_args,
                                        subset=subset)  # fmt: skip
     runs = sweep.runs(repro, quick, root, seeds)
+    if subset and not (quick or norm):  # a share of a grid: a job killed mid-run (its row
+        runs = [r for r in runs if r.status != "running"]  # still running) is no evidence yet
     if not runs:
         raise SystemExit(f"{name}: no jobs in {sweep.sweep_dir(root, name, quick)}")
     if repro.finish is not None:
@@ -512,7 +514,7 @@ def land_or_hold(name: str, paths: dict[str, Path], repro: Reproduction, data: p
     (`off_look`); where it holds a look, the pending rows of its grids land with its own."""
     rows = partial(repro.rows_at, subset=subset) if subset else None
     ran = partial(_jobs_at, subset=subset) if subset else None
-    waiting = off_look(name, paths, repro, subset) if sequenced and subset else None
+    waiting = off_look(name, paths, repro, subset, jobs[ran(jobs)]) if sequenced and ran else None
     if waiting:  # its rows wait, committed, for the run that completes the look
         land_evidence(data, jobs, pending.paths(paths), True, rows, ran)
         print(waiting, flush=True)
@@ -520,7 +522,7 @@ def land_or_hold(name: str, paths: dict[str, Path], repro: Reproduction, data: p
     if not (sequenced and rows and ran):
         return land_and_draw(data, jobs, paths, merge, rows, ran, draw)
     data, jobs, rows, ran = pending.join(paths, data, jobs, rows, ran, partial(_of_grids, repro))
-    jobs = stamp_looks(jobs, ran, seeds_held(paths, list(repro.grids), _seeds(subset)), repro)
+    jobs = stamp_looks(jobs, ran, seeds_held(paths, list(repro.grids), jobs[ran(jobs)]), repro)
     drawn = land_and_draw(data, jobs, paths, merge, rows, ran, draw)
     pending.release(paths, data[rows(data)], jobs[ran(jobs)], report.FLOAT)
     return drawn
@@ -544,28 +546,30 @@ def looks(name: str, claims: Path | pd.DataFrame, grids: list[Grid]) -> dict[str
 
 
 def off_looks(name: str, paths: dict[str, Path], grids: list[Grid],
-              adding: frozenset[int] | None = None,
+              landing: pd.DataFrame | None = None,
               claims: pd.DataFrame | None = None) -> list[tuple[str, int, list[int]]]:  # fmt: skip
     """The grids whose evidence holds a seed count none of its looks (`looks`), each with that
     count and its looks: a claim read there is looked at once more than the design's simulated
-    error rate covers. With `adding` (a landing's seeds), the count it would hold with those and
-    the pending ones (normlab.analysis.pending). A seed counts once all its jobs ran, failed or
-    not (a failed job is the evidence's too); a pilot's seeds are its own."""
-    counts = seeds_held(paths, grids, adding)
+    error rate covers. With `landing` (a landing's jobs.csv rows), the count it would hold with
+    those and the pending ones (normlab.analysis.pending). A seed counts once all its jobs ran,
+    failed or not (a failed job is the evidence's too); a pilot's seeds are its own."""
+    counts = seeds_held(paths, grids, landing)
     allowed = looks(name, paths["claims"] if claims is None else claims, grids)
     landed = stamped_looks(pending.jobs(paths, with_pending=False), grids)
     return [(g, n, sorted({*allowed[g], *landed.get(g, ())})) for g, n in counts.items()
             if n and n not in allowed[g] and n not in landed.get(g, ())]  # fmt: skip
 
 
-def seeds_held(paths: dict[str, Path], grids: list[Grid], adding: frozenset[int] | None = None
+def seeds_held(paths: dict[str, Path], grids: list[Grid], landing: pd.DataFrame | None = None
                ) -> dict[str, int]:  # fmt: skip
     """Per grid (but a pilot, whose seeds are its own): how many seeds its evidence holds, a seed
-    counted once all its jobs ran (failed or not); with `adding` (a landing's seeds), with those
-    and the pending ones."""
-    held = seeds_run(pending.jobs(paths, with_pending=adding is not None), grids, ok_only=False)
-    adding = adding or frozenset()
-    return {g.name: len(held.get(g.name, set()) | adding) for g in grids if g.seeds is None}
+    counted once all its jobs ran (failed or not); with `landing` (a landing's jobs.csv rows, in
+    place of the same jobs'), with those and the pending ones."""
+    held = pending.jobs(paths, with_pending=landing is not None)
+    if landing is not None:
+        held = pending.replaced(held, landing)
+    found = seeds_run(held, grids, ok_only=False)
+    return {g.name: len(found.get(g.name, set())) for g in grids if g.seeds is None}
 
 
 LOOK = "look"  # jobs.csv: the seed count a sequenced landing left its grid at, a look of the design
@@ -620,14 +624,14 @@ def off_look_note(name: str, off: list[tuple[str, int, list[int]]]) -> str:
             f"(`python scripts/reproduce.py {name} --decide`).")
 
 
-def off_look(name: str, paths: dict[str, Path], repro: Reproduction,
-             subset: Subset) -> str | None:  # fmt: skip
-    """Why a --subset run's seeds may not land yet, or None: with them a grid would hold a seed
-    count that is none of its looks (`off_looks`, with the pending seeds). They wait in
-    NAME/pending/ for the run that completes the look."""
+def off_look(name: str, paths: dict[str, Path], repro: Reproduction, subset: Subset,
+             landing: pd.DataFrame) -> str | None:  # fmt: skip
+    """Why a --subset run's jobs (`landing`, their jobs.csv rows) may not land yet, or None: with
+    them a grid would hold a seed count that is none of its looks (`off_looks`, with the pending
+    seeds). They wait in NAME/pending/ for the run that completes the look."""
     seeds = _seeds(subset)
     waiting = pending.read(pending.paths(paths)["jobs"]) is not None  # they land with it
-    off = off_looks(name, paths, list(repro.grids), seeds) if seeds or waiting else []
+    off = off_looks(name, paths, list(repro.grids), landing) if seeds or waiting else []
     if not off:
         return None
     grid, n, allowed = off[0]
