@@ -559,6 +559,54 @@ def test_seeds_short_of_a_look_wait_committed_in_pending_and_land_with_the_look(
     assert script.off_looks(name, paths, [grid]) == [("conditioning", 7, [3, 12])]
 
 
+def test_a_cut_share_keeps_its_finished_jobs_in_pending(tmp_path, monkeypatch, capsys):
+    """Ctrl+C on a share of a grid (a session about to end): the jobs that finished wait in
+    NAME/pending/, the one killed mid-run (its row still 'running') does not; where the finished
+    jobs would complete a look it says `--collect` lands them instead."""
+    from normlab.analysis import pending
+    from normlab.analysis.sweep import Grid
+
+    script = _script()
+    name = "dit_conditioning"  # its first seeds 3, cap 12
+    paths = report.evidence_paths(tmp_path / "outputs" / "figures", name)
+    paths["jobs"].parent.mkdir(parents=True)
+    pd.DataFrame([("undecided (within noise)", 12.0, "adaln_zero adaln")],
+                 columns=["verdict", "planned_seeds", "arms"]).to_csv(paths["claims"],
+                                                                       index=False)  # fmt: skip
+    arms = ("adaln_zero", "adaln")
+    pd.DataFrame([(a, s, "ok", f"seed={s} c={a}") for a in arms for s in range(3)],
+                 columns=["arm", "seed", "status", "overrides"]).to_csv(paths["jobs"],
+                                                                        index=False)  # fmt: skip
+    runs = [SimpleNamespace(arm=a, seed=s, status=st)
+            for a, s, st in [("adaln_zero", 3, "ok"), ("adaln", 3, "running"),
+                             ("adaln_zero", 4, "ok"), ("adaln", 4, "ok")]]  # fmt: skip
+
+    def frame(found):
+        return pd.DataFrame([(r.arm, r.seed, r.status, f"seed={r.seed} c={r.arm}") for r in found],
+                            columns=["arm", "seed", "status", "overrides"])  # fmt: skip
+
+    monkeypatch.setattr(script.sweep, "runs", lambda *a: runs)
+    monkeypatch.setattr(script.sweep, "jobs_frame", frame)
+    repro = SimpleNamespace(
+        grids=(Grid("conditioning", "x", arm="${model.net.conditioning}"),),
+        rows_at=lambda data, subset: data["seed"].isin([3, 4]),
+        extract=lambda found: frame(found).assign(x=None, metric="m", value=1.0))
+    script.keep_cut(name, repro, False, tmp_path, 12, [("seed", ["3", "4"])])
+    kept = pd.read_csv(pending.paths(paths)["jobs"])
+    assert sorted(zip(kept["arm"], kept["seed"])) == [("adaln", 4), ("adaln_zero", 3),
+                                                      ("adaln_zero", 4)]  # fmt: skip
+    assert "3 finished job(s) wait in dit_conditioning/pending/" in capsys.readouterr().err
+    assert sorted(set(pd.read_csv(pending.paths(paths)["runs"])["seed"])) == [3, 4]
+    # finished, the same jobs with seed 3's second arm would hold 5: off the looks still; at
+    # 12 (a look) nothing is held, and --collect is named
+    pending.paths(paths)["jobs"].parent.joinpath("jobs.csv").unlink()
+    pending.paths(paths)["runs"].unlink()
+    runs[:] = [SimpleNamespace(arm=a, seed=s, status="ok") for a in arms for s in range(3, 12)]
+    script.keep_cut(name, repro, False, tmp_path, 12, [("seed", [str(s) for s in range(3, 12)])])
+    assert "cut at a look: `--collect` with the same options" in capsys.readouterr().err
+    assert not pending.paths(paths)["jobs"].exists()
+
+
 def test_a_grid_arm_pattern_matches_its_own_arms_alone(tmp_path):
     """An interpolated value stands within one path segment: deepnorm_depth's loss grid
     (`${placement.name}/d${model.net.depth}`, run as post/d6) neither plans for nor holds the

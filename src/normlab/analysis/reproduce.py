@@ -478,9 +478,14 @@ def reproduce(
     # --collect: the finished jobs as they are (each keeps its own code version in jobs.csv)
     seconds = 0.0
     if not collect:
-        seconds = run_showing_progress(repro, quick, root, jobs, seeds, threads,
-                                       launcher=launcher, launcher_args=launcher_args,
-                                       subset=subset)  # fmt: skip
+        try:
+            seconds = run_showing_progress(repro, quick, root, jobs, seeds, threads,
+                                           launcher=launcher, launcher_args=launcher_args,
+                                           subset=subset)  # fmt: skip
+        except BaseException:  # a cut share of a grid keeps its finished jobs (pending/)
+            if subset and not (quick or norm):
+                keep_cut(name, repro, quick, root, seeds, subset)
+            raise
     runs = sweep.runs(repro, quick, root, seeds)
     if subset and not (quick or norm):  # a share of a grid: a job killed mid-run (its row
         runs = [r for r in runs if r.status != "running"]  # still running) is no evidence yet
@@ -503,6 +508,38 @@ def reproduce(
         return paths["md"]
     print(f"{name}: {seconds:.0f} s, wrote {drawn['md']} (+ figure, data)", flush=True)
     return drawn["md"]
+
+
+def keep_cut(name: str, repro: Reproduction, quick: bool, root: Path, seeds: int | None,
+             subset: Subset) -> None:  # fmt: skip
+    """A share of a grid cut short (Ctrl+C, say before a session ends): its finished jobs wait
+    in NAME/pending/, as a finished share's would when they leave the grid off its looks, so a
+    commit keeps them for a new machine. Where they would complete a look, or cannot be read,
+    it says so: `--collect` with the same options lands them."""
+    again = f"`--collect` with the same options lands the finished jobs of {name}"
+    try:
+        runs = [r for r in sweep.runs(repro, quick, root, seeds) if r.status != "running"]
+        if not runs:
+            return
+        paths = report.evidence_paths(sweep.figures_dir(root, quick), name)
+        frame = sweep.jobs_frame(runs)
+        landing = frame[_jobs_at(frame, subset)]
+        if landing.empty:
+            return
+        with file_lock(sweep.sweep_dir(root, name, quick) / EVIDENCE_LOCK):
+            if off_look(name, paths, repro, subset, landing) is None:
+                print(f"{name}: cut at a look: {again}", file=sys.stderr, flush=True)
+                return
+            paths["runs"].parent.mkdir(parents=True, exist_ok=True)
+            land_evidence(repro.extract(runs)[report.RUNS_COLUMNS], frame, pending.paths(paths),
+                          True, partial(repro.rows_at, subset=subset),
+                          partial(_jobs_at, subset=subset))  # fmt: skip
+        print(f"{name}: {len(landing)} finished job(s) wait in {paths['runs'].parent.name}/"
+              "pending/ (commit it): the next run reruns none of them", file=sys.stderr,
+              flush=True)  # fmt: skip
+    except Exception as err:  # the cut is the news: this adds to it, never hides it
+        print(f"{name}: the finished jobs were not kept in pending/ ({err}): {again}",
+              file=sys.stderr, flush=True)  # fmt: skip
 
 
 def land_or_hold(name: str, paths: dict[str, Path], repro: Reproduction, data: pd.DataFrame,
