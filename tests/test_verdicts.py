@@ -593,8 +593,8 @@ def test_a_cut_share_keeps_its_finished_jobs_in_pending(tmp_path, monkeypatch, c
         extract=lambda found: frame(found).assign(x=None, metric="m", value=1.0))
     script.keep_cut(name, repro, False, tmp_path, 12, [("seed", ["3", "4"])])
     kept = pd.read_csv(pending.paths(paths)["jobs"])
-    assert sorted(zip(kept["arm"], kept["seed"])) == [("adaln", 4), ("adaln_zero", 3),
-                                                      ("adaln_zero", 4)]  # fmt: skip
+    held = sorted(zip(kept["arm"], kept["seed"], strict=True))
+    assert held == [("adaln", 4), ("adaln_zero", 3), ("adaln_zero", 4)]
     assert "3 finished job(s) wait in dit_conditioning/pending/" in capsys.readouterr().err
     assert sorted(set(pd.read_csv(pending.paths(paths)["runs"])["seed"])) == [3, 4]
     # finished, the same jobs with seed 3's second arm would hold 5: off the looks still; at
