@@ -607,6 +607,24 @@ def test_a_cut_share_keeps_its_finished_jobs_in_pending(tmp_path, monkeypatch, c
     assert not pending.paths(paths)["jobs"].exists()
 
 
+def test_a_sweep_cut_short_calls_its_on_cut_then_stops(tmp_path, monkeypatch):
+    """reproduce passes keep_cut as on_cut for a share of a grid: a sweep that stops short (an
+    interrupt, a failure) calls it once, and the stop goes on as before."""
+    from normlab.analysis.reproductions import REPRODUCTIONS
+
+    script = _script()
+
+    def cut(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(script.sweep, "run", cut)
+    called = []
+    with pytest.raises(KeyboardInterrupt):
+        script.run_showing_progress(REPRODUCTIONS["dit_conditioning"], False, tmp_path, 1, 12, 1,
+                                    on_cut=lambda: called.append("kept"))  # fmt: skip
+    assert called == ["kept"]
+
+
 def test_a_grid_arm_pattern_matches_its_own_arms_alone(tmp_path):
     """An interpolated value stands within one path segment: deepnorm_depth's loss grid
     (`${placement.name}/d${model.net.depth}`, run as post/d6) neither plans for nor holds the

@@ -190,10 +190,11 @@ def run_showing_progress(
     repro: Reproduction, quick: bool, root: Path, jobs: int, seeds: int | None,
     threads: int | None, every: float = 15.0, launcher: str | None = None,
     launcher_args: tuple[str, ...] = (), subset: Subset | None = None,
+    on_cut: Callable[[], None] | None = None,
 ) -> float:  # fmt: skip
     """sweep.run, printing progress_line every `every` s when more of its jobs (`subset`'s,
     where given) have finished (read back from the grids' summaries, as the analysis reads
-    them)."""
+    them); `on_cut` is called where it stops short (an interrupt, a failed sweep)."""
     total = job_total(repro, quick, seeds)
     start, stop = time.monotonic(), threading.Event()
 
@@ -220,6 +221,10 @@ def run_showing_progress(
     try:
         return sweep.run(repro, quick, root, jobs, seeds, threads=threads, launcher=launcher,
                          launcher_args=launcher_args)  # fmt: skip
+    except BaseException:
+        if on_cut is not None:
+            on_cut()
+        raise
     finally:
         stop.set()
         watcher.join(timeout=5)
@@ -476,19 +481,15 @@ def reproduce(
     if took:
         print(f"{name}: {took}; finished jobs are reused", flush=True)
     # --collect: the finished jobs as they are (each keeps its own code version in jobs.csv)
-    seconds = 0.0
-    if not collect:
-        try:
-            seconds = run_showing_progress(repro, quick, root, jobs, seeds, threads,
-                                           launcher=launcher, launcher_args=launcher_args,
-                                           subset=subset)  # fmt: skip
-        except BaseException:  # a cut share of a grid keeps its finished jobs (pending/)
-            if subset and not (quick or norm):
-                keep_cut(name, repro, quick, root, seeds, subset)
-            raise
+    seconds, sequenced = 0.0, bool(subset) and not (quick or norm)  # a share of a grid
+    if not collect:  # a share cut short keeps its finished jobs (pending/)
+        keep = partial(keep_cut, name, repro, quick, root, seeds, subset) if sequenced else None
+        seconds = run_showing_progress(repro, quick, root, jobs, seeds, threads,
+                                       launcher=launcher, launcher_args=launcher_args,
+                                       subset=subset, on_cut=keep)  # fmt: skip
     runs = sweep.runs(repro, quick, root, seeds)
-    if subset and not (quick or norm):  # a share of a grid: a job killed mid-run (its row
-        runs = [r for r in runs if r.status != "running"]  # still running) is no evidence yet
+    if sequenced:  # a job killed mid-run (its row still 'running') is no evidence yet
+        runs = [r for r in runs if r.status != "running"]
     if not runs:
         raise SystemExit(f"{name}: no jobs in {sweep.sweep_dir(root, name, quick)}")
     if repro.finish is not None:
@@ -502,8 +503,7 @@ def reproduce(
     data = repro.extract(runs)[report.RUNS_COLUMNS]
     draw = partial(redraw, name, quick, root, norm)  # the md from the files, as --redraw
     with file_lock(sweep.sweep_dir(root, name, quick) / EVIDENCE_LOCK):
-        drawn = land_or_hold(name, paths, repro, data, frame, bool(grids), draw, subset,
-                             sequenced=bool(subset) and not (quick or norm))  # fmt: skip
+        drawn = land_or_hold(name, paths, repro, data, frame, bool(grids), draw, subset, sequenced)
     if drawn is None:
         return paths["md"]
     print(f"{name}: {seconds:.0f} s, wrote {drawn['md']} (+ figure, data)", flush=True)
