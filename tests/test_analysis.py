@@ -826,9 +826,10 @@ def test_train_args_sweep_dirs_and_grid_values(tmp_path: Path):
     assert sweep_dir(tmp_path, "demo", True, "bn") == tmp_path / "outputs/reproduce/demo-quick/bn"
     assert sweep_dir(tmp_path, "demo", False) == tmp_path / "outputs/reproduce/demo"
     args = train_args(grid, budget, True, tmp_path / "s", jobs=2, seeds=seed_override(2))
-    # a later value of a key replaces an earlier one, in the earlier one's place
-    assert args[:6] == ["-m", "experiment=gn_batch_size", "norm=batchnorm", "per_device=2",
-                        "trainer.max_epochs=1", "seed=0,1"]  # fmt: skip
+    # the seeds first (the slowest key of the sweep: it runs seed by seed); a later value of a
+    # key replaces an earlier one, in the earlier one's place
+    assert args[:6] == ["-m", "experiment=gn_batch_size", "seed=0,1", "norm=batchnorm",
+                        "per_device=2", "trainer.max_epochs=1"]  # fmt: skip
     assert "hydra/launcher=joblib" in args and f"hydra.sweep.dir={tmp_path / 's'}" in args
     assert task_overrides(grid, budget, True) == {
         "experiment": "gn_batch_size", "norm": "batchnorm", "per_device": "2",

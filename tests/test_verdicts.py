@@ -454,7 +454,7 @@ def test_a_subset_run_lands_only_where_its_grid_then_holds_one_of_its_looks(tmp_
     paths["jobs"].parent.mkdir(parents=True)
     jobs = [(arm, s, "ok") for arm in ("adaln_zero", "adaln") for s in range(5)]
     pd.DataFrame(jobs, columns=["arm", "seed", "status"]).to_csv(paths["jobs"], index=False)
-    assert script.looks(name, paths["claims"], [grid]) == {"conditioning": [3, 7, 12]}
+    assert script.looks(name, paths, [grid]) == {"conditioning": [3, 7, 12]}
 
     def run(*seeds, status="ok"):  # a --subset seed=.. run: its subset and its jobs' rows
         rows = [(arm, s, status) for arm in ("adaln_zero", "adaln") for s in seeds]
@@ -551,12 +551,29 @@ def test_seeds_short_of_a_look_wait_committed_in_pending_and_land_with_the_look(
     pd.DataFrame([("holds", 4.0, "adaln_zero adaln")],
                  columns=["verdict", "planned_seeds", "arms"]).to_csv(paths["claims"],
                                                                        index=False)  # fmt: skip
-    assert script.looks(name, paths["claims"], [grid]) == {"conditioning": [3, 12]}
+    assert script.looks(name, paths, [grid]) == {"conditioning": [3, 7, 12]}
     assert script.stamped_looks(pd.read_csv(paths["jobs"]), [grid]) == {"conditioning": {7}}
     assert script.off_looks(name, paths, [grid]) == []
     unstamped = pd.read_csv(paths["jobs"]).drop(columns=[script.LOOK])
     unstamped.to_csv(paths["jobs"], index=False)  # as landed before the stamp: off the looks
     assert script.off_looks(name, paths, [grid]) == [("conditioning", 7, [3, 12])]
+
+
+def test_a_pending_job_is_the_same_job_whatever_the_order_of_its_overrides():
+    """A sweep that lists its keys in another order (its seeds first, since jobs run seed by
+    seed) runs the same jobs: a pending job run again replaces its row, it does not land twice."""
+    from normlab.analysis import pending
+
+    columns = ["arm", "seed", "overrides", "value"]
+    before = pd.DataFrame([("adaln", 4, "experiment=x model.net.conditioning=adaln seed=4", 1.0),
+                           ("adaln", 3, "experiment=x model.net.conditioning=adaln seed=3", 1.0)],
+                          columns=columns)  # fmt: skip
+    again = pd.DataFrame([("adaln", 4, "experiment=x seed=4 model.net.conditioning=adaln", 2.0)],
+                         columns=columns)  # fmt: skip
+    both = pending.replaced(before, again)
+    assert sorted(zip(both["seed"], both["value"], strict=True)) == [(3, 1.0), (4, 2.0)]
+    moved = again.assign(overrides="experiment=x seed=4 model.net.conditioning=in_context")
+    assert len(pending.replaced(before, moved)) == 3  # another job: both kept
 
 
 def test_a_cut_share_keeps_its_finished_jobs_in_pending(tmp_path, monkeypatch, capsys):

@@ -43,24 +43,32 @@ def jobs(evidence: dict[str, Path], with_pending: bool = True) -> pd.DataFrame |
         return landed
     if landed is None:
         return waiting
-    waiting = waiting[~_keys(waiting, JOB_KEY).isin(set(_keys(landed, JOB_KEY)))]
-    return pd.concat([landed, waiting], ignore_index=True)
+    return pd.concat([landed, _without(waiting, landed, JOB_KEY)], ignore_index=True)
 
 
 def replaced(jobs_: pd.DataFrame | None, landing: pd.DataFrame) -> pd.DataFrame:
     """jobs.csv rows with a landing's in place of the same jobs' (a job run again)."""
     if jobs_ is None:
         return landing
-    kept = jobs_[~_keys(jobs_, JOB_KEY).isin(set(_keys(landing, JOB_KEY)))]
-    return pd.concat([kept, landing], ignore_index=True)
+    return pd.concat([_without(jobs_, landing, JOB_KEY), landing], ignore_index=True)
+
+
+def _without(frame: pd.DataFrame, other: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """frame's rows but those of the jobs in other (the same `columns`)."""
+    return frame[~_keys(frame, columns).isin(set(_keys(other, columns)))]
 
 
 def _keys(frame: pd.DataFrame, columns: list[str]) -> pd.Series:
-    """Each row's job, as one string of its `columns` (those the frame has)."""
+    """Each row's job, as one string of its `columns` (those the frame has); its overrides in any
+    order (normlab.sweep.summary.same_job: a sweep that lists its keys in another order runs the
+    same jobs)."""
     held = [c for c in columns if c in frame]
     if frame.empty:
         return pd.Series([], index=frame.index, dtype=str)
-    return frame[held].astype(str).agg("\x1f".join, axis=1)
+    cells = frame[held].astype(str)
+    if "overrides" in cells:
+        cells["overrides"] = cells["overrides"].map(lambda o: " ".join(sorted(o.split())))
+    return cells.agg("\x1f".join, axis=1)
 
 
 def join(
@@ -75,8 +83,7 @@ def join(
     mine_runs, mine_jobs = data[rows(data)], jobs_[ran(jobs_)]
     p_runs = pending["runs"][pending["runs"]["arm"].astype(str).map(held)]
     p_jobs = pending["jobs"][pending["jobs"]["arm"].astype(str).map(held)]
-    p_runs = p_runs[~_keys(p_runs, RUN_KEY).isin(set(_keys(mine_runs, RUN_KEY)))]
-    p_jobs = p_jobs[~_keys(p_jobs, JOB_KEY).isin(set(_keys(mine_jobs, JOB_KEY)))]
+    p_runs, p_jobs = _without(p_runs, mine_runs, RUN_KEY), _without(p_jobs, mine_jobs, JOB_KEY)
     run_keys, job_keys = set(_keys(p_runs, RUN_KEY)), set(_keys(p_jobs, JOB_KEY))
 
     def rows_too(frame: pd.DataFrame) -> pd.Series:
@@ -98,7 +105,7 @@ def release(evidence: dict[str, Path], runs: pd.DataFrame, jobs_: pd.DataFrame,
         frame = read(where[key])
         if frame is None:
             continue
-        left = frame[~_keys(frame, columns).isin(set(_keys(landed, columns)))]
+        left = _without(frame, landed, columns)
         if left.empty:
             where[key].unlink()
         else:

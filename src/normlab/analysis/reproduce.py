@@ -408,10 +408,9 @@ def _merge(new: pd.DataFrame, path: Path, jobs: Callable[[pd.DataFrame], pd.Seri
     finished jobs, e.g. the other seeds of a `--subset seed=2`, whose rows stay as they were)."""
     if jobs is not None:
         new = new[jobs(new)]
-    if not path.is_file():
+    old = pending.read(path)
+    if old is None:
         return new
-    old = pd.read_csv(path, keep_default_na=False, na_values={"wall_time_s": [""], "x": [""],
-                                                              "value": [""]})  # fmt: skip
     replaced = old["arm"].isin(set(new["arm"]))
     if jobs is not None:
         replaced &= jobs(old)
@@ -487,9 +486,8 @@ def reproduce(
         seconds = run_showing_progress(repro, quick, root, jobs, seeds, threads,
                                        launcher=launcher, launcher_args=launcher_args,
                                        subset=subset, on_cut=keep)  # fmt: skip
-    runs = sweep.runs(repro, quick, root, seeds)
-    if sequenced:  # a job killed mid-run (its row still 'running') is no evidence yet
-        runs = [r for r in runs if r.status != "running"]
+    runs = finished_runs(repro, quick, root, seeds) if sequenced else sweep.runs(
+        repro, quick, root, seeds)  # fmt: skip
     if not runs:
         raise SystemExit(f"{name}: no jobs in {sweep.sweep_dir(root, name, quick)}")
     if repro.finish is not None:
@@ -510,6 +508,12 @@ def reproduce(
     return drawn["md"]
 
 
+def finished_runs(repro: Reproduction, quick: bool, root: Path, seeds: int | None) -> list:
+    """The runs of repro's sweep dirs but those killed mid-run (their row still 'running'): a
+    share of a grid lands or holds only these (a killed job is no evidence yet)."""
+    return [r for r in sweep.runs(repro, quick, root, seeds) if r.status != "running"]
+
+
 def keep_cut(name: str, repro: Reproduction, quick: bool, root: Path, seeds: int | None,
              subset: Subset) -> None:  # fmt: skip
     """A share of a grid cut short (Ctrl+C, say before a session ends): its finished jobs wait
@@ -518,25 +522,21 @@ def keep_cut(name: str, repro: Reproduction, quick: bool, root: Path, seeds: int
     it says so: `--collect` with the same options lands them."""
     again = f"`--collect` with the same options lands the finished jobs of {name}"
     try:
-        runs = [r for r in sweep.runs(repro, quick, root, seeds) if r.status != "running"]
-        if not runs:
+        runs = finished_runs(repro, quick, root, seeds)
+        frame = sweep.jobs_frame(runs) if runs else None
+        finished = int(_jobs_at(frame, subset).sum()) if frame is not None else 0
+        if not finished:
             return
         paths = report.evidence_paths(sweep.figures_dir(root, quick), name)
-        frame = sweep.jobs_frame(runs)
-        landing = frame[_jobs_at(frame, subset)]
-        if landing.empty:
-            return
         with file_lock(sweep.sweep_dir(root, name, quick) / EVIDENCE_LOCK):
-            if off_look(name, paths, repro, subset, landing) is None:
-                print(f"{name}: cut at a look: {again}", file=sys.stderr, flush=True)
-                return
-            paths["runs"].parent.mkdir(parents=True, exist_ok=True)
-            land_evidence(repro.extract(runs)[report.RUNS_COLUMNS], frame, pending.paths(paths),
-                          True, partial(repro.rows_at, subset=subset),
-                          partial(_jobs_at, subset=subset))  # fmt: skip
-        print(f"{name}: {len(landing)} finished job(s) wait in {paths['runs'].parent.name}/"
-              "pending/ (commit it): the next run reruns none of them", file=sys.stderr,
-              flush=True)  # fmt: skip
+            held = hold(name, paths, repro, lambda: repro.extract(runs)[report.RUNS_COLUMNS],
+                        frame, subset)  # fmt: skip
+        if held is None:
+            print(f"{name}: cut at a look: {again}", file=sys.stderr, flush=True)
+        else:
+            print(f"{name}: {finished} finished job(s) wait in {paths['runs'].parent.name}/"
+                  "pending/ (commit it): the next run reruns none of them", file=sys.stderr,
+                  flush=True)  # fmt: skip
     except Exception as err:  # the cut is the news: this adds to it, never hides it
         print(f"{name}: the finished jobs were not kept in pending/ ({err}): {again}",
               file=sys.stderr, flush=True)  # fmt: skip
@@ -551,13 +551,12 @@ def land_or_hold(name: str, paths: dict[str, Path], repro: Reproduction, data: p
     (`off_look`); where it holds a look, the pending rows of its grids land with its own."""
     rows = partial(repro.rows_at, subset=subset) if subset else None
     ran = partial(_jobs_at, subset=subset) if subset else None
-    waiting = off_look(name, paths, repro, subset, jobs[ran(jobs)]) if sequenced and ran else None
-    if waiting:  # its rows wait, committed, for the run that completes the look
-        land_evidence(data, jobs, pending.paths(paths), True, rows, ran)
-        print(waiting, flush=True)
-        return None
     if not (sequenced and rows and ran):
         return land_and_draw(data, jobs, paths, merge, rows, ran, draw)
+    waiting = hold(name, paths, repro, lambda: data, jobs, subset)
+    if waiting:
+        print(waiting, flush=True)
+        return None
     data, jobs, rows, ran = pending.join(paths, data, jobs, rows, ran, partial(_of_grids, repro))
     jobs = stamp_looks(jobs, ran, seeds_held(paths, list(repro.grids), jobs[ran(jobs)]), repro)
     drawn = land_and_draw(data, jobs, paths, merge, rows, ran, draw)
@@ -565,21 +564,39 @@ def land_or_hold(name: str, paths: dict[str, Path], repro: Reproduction, data: p
     return drawn
 
 
+def hold(name: str, paths: dict[str, Path], repro: Reproduction, data: Callable[[], pd.DataFrame],
+         jobs: pd.DataFrame, subset: Subset) -> str | None:  # fmt: skip
+    """Where a share of a grid (`jobs`: jobs.csv rows, the share's those at `subset`) would leave
+    it off its looks (`off_look`): its rows (`data()`: runs.csv's) wait, committed, in
+    NAME/pending/ for the run that completes the look, and why (None: they may land)."""
+    ran = partial(_jobs_at, subset=subset)
+    waiting = off_look(name, paths, repro, subset, jobs[ran(jobs)])
+    if waiting:
+        land_evidence(data(), jobs, pending.paths(paths), True,
+                      partial(repro.rows_at, subset=subset), ran)  # fmt: skip
+    return waiting
+
+
 def _of_grids(repro: Reproduction, arm: str) -> bool:
     """Whether an arm (runs.csv's or jobs.csv's) is one a grid of repro runs."""
     return any(reads(arm, g.arm) for g in repro.grids)
 
 
-def looks(name: str, claims: Path | pd.DataFrame, grids: list[Grid]) -> dict[str, list[int]]:
+def looks(name: str, paths: dict[str, Path], grids: list[Grid],
+          claims: pd.DataFrame | None = None) -> dict[str, list[int]]:  # fmt: skip
     """Per grid: the seed counts its evidence may hold, the design's looks
-    (normlab.analysis.sequential): the first seeds, the most its undecided claims (`claims`, as
-    seeds_to_decide reads them) plan, as --decide runs it, the cap, and a raised cap."""
+    (normlab.analysis.sequential): the first seeds, the most its undecided claims (NAME's
+    claims.csv, or `claims`: its rows, as seeds_to_decide reads them) plan, as --decide runs
+    it, the cap, a raised cap, and the looks its jobs landed at (`stamp_looks`: a plan of
+    claims since decided)."""
     repro, initial, cap = REPRODUCTIONS[name], default_seeds(False, name), seed_cap(False, name)
+    claims = paths["claims"] if claims is None else claims
     known = isinstance(claims, pd.DataFrame) or claims.is_file()
     plans = seeds_to_decide(claims, cap, grids) if known else {}
     raised = {g.name: g.cap for g in repro.grids if g.cap}
-    return {g.name: sorted({initial, plans.get(g.name, initial), cap, raised.get(g.name, cap)})
-            for g in grids}  # fmt: skip
+    landed = stamped_looks(pending.jobs(paths, with_pending=False), grids)
+    return {g.name: sorted({initial, plans.get(g.name, initial), cap, raised.get(g.name, cap),
+                            *landed.get(g.name, ())}) for g in grids}  # fmt: skip
 
 
 def off_looks(name: str, paths: dict[str, Path], grids: list[Grid],
@@ -591,10 +608,8 @@ def off_looks(name: str, paths: dict[str, Path], grids: list[Grid],
     those and the pending ones (normlab.analysis.pending). A seed counts once all its jobs ran,
     failed or not (a failed job is the evidence's too); a pilot's seeds are its own."""
     counts = seeds_held(paths, grids, landing)
-    allowed = looks(name, paths["claims"] if claims is None else claims, grids)
-    landed = stamped_looks(pending.jobs(paths, with_pending=False), grids)
-    return [(g, n, sorted({*allowed[g], *landed.get(g, ())})) for g, n in counts.items()
-            if n and n not in allowed[g] and n not in landed.get(g, ())]  # fmt: skip
+    allowed = looks(name, paths, grids, claims)
+    return [(g, n, allowed[g]) for g, n in counts.items() if n and n not in allowed[g]]
 
 
 def seeds_held(paths: dict[str, Path], grids: list[Grid], landing: pd.DataFrame | None = None
@@ -622,7 +637,7 @@ def stamp_looks(jobs: pd.DataFrame, ran: Callable[[pd.DataFrame], pd.Series],
         jobs[LOOK] = float("nan")
     for g in repro.grids:
         if g.name in counts:
-            mine = ran(jobs) & jobs["arm"].astype(str).str.fullmatch(arm_pattern(g.arm).pattern)
+            mine = ran(jobs) & of_grid(jobs, g)
             jobs.loc[mine, LOOK] = counts[g.name]
     return jobs
 
@@ -634,8 +649,7 @@ def stamped_looks(jobs: pd.DataFrame | None, grids: list[Grid]) -> dict[str, set
     stamped = pd.to_numeric(jobs[LOOK], errors="coerce")
     found = {}
     for g in grids:
-        mine = jobs["arm"].astype(str).str.fullmatch(arm_pattern(g.arm).pattern)
-        found[g.name] = {int(n) for n in stamped[mine].dropna()}
+        found[g.name] = {int(n) for n in stamped[of_grid(jobs, g)].dropna()}
     return found
 
 
@@ -746,6 +760,11 @@ def arm_pattern(grid_arm: str) -> re.Pattern[str]:
     return re.compile("[^/]+?".join(map(re.escape, parts)))
 
 
+def of_grid(jobs: pd.DataFrame, g: Grid) -> pd.Series:
+    """Which rows of a jobs.csv (or runs.csv) are a grid's: their arm one its jobs run as."""
+    return jobs["arm"].astype(str).str.fullmatch(arm_pattern(g.arm).pattern)
+
+
 def reads(arms: str, grid_arm: str) -> bool:
     """Whether a claim whose arms are `arms` (claims.csv, space-joined) reads a grid's arm: one
     of the arms its jobs run as, or one of their settings (`batchnorm/b2` of `batchnorm`)."""
@@ -793,7 +812,7 @@ def seeds_run(jobs_csv: Path | pd.DataFrame | None, grids: list[Grid], ok_only: 
         jobs = pd.read_csv(jobs_csv, keep_default_na=False)
     found: dict[str, set[int]] = {}
     for g in grids:
-        mine = jobs[jobs["arm"].str.fullmatch(arm_pattern(g.arm).pattern)]
+        mine = jobs[of_grid(jobs, g)]
         if mine.empty:
             found[g.name] = set()
         for _, arm in mine.groupby("arm"):  # each arm its jobs run as (an lr of a pilot's)

@@ -375,8 +375,12 @@ def train_args(
     grid: Grid, budget: Budget, quick: bool, sweep: Path, jobs: int, seeds: tuple[str, ...] = ()
 ) -> list[str]:
     """The arguments of one grid's `python train.py -m ...` multirun (joblib launcher when
-    jobs > 1); normlab.sweep.multiruns runs it and prints it as that command."""
-    args = ["-m", f"experiment={grid.experiment}", *grid.all_overrides(budget, quick), *seeds]
+    jobs > 1); normlab.sweep.multiruns runs it and prints it as that command. The seeds come
+    first, so Hydra's sweep (the last key varies fastest) runs the jobs seed by seed: a grid
+    whose arms one multirun sweeps (dit_conditioning's `model.net.conditioning=a,b,..`) cut
+    short leaves whole seeds, every arm of each, which a look can read, not some arms of every
+    seed, which --decide would run again on a new machine (normlab.analysis.pending)."""
+    args = ["-m", f"experiment={grid.experiment}", *seeds, *grid.all_overrides(budget, quick)]
     args.append(f"hydra.sweep.dir={sweep}")
     if jobs > 1:
         args += ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={jobs}"]
