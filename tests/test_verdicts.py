@@ -474,9 +474,14 @@ def test_a_subset_run_lands_only_where_its_grid_then_holds_one_of_its_looks(tmp_
     jobs.append(("adaln_zero", 5, "ok"))
     pd.DataFrame(jobs, columns=["arm", "seed", "status"]).to_csv(paths["jobs"], index=False)
     assert script.off_look(name, paths, repro, *run(6)) is None
-    # a seed one of whose jobs was killed (dropped before landing) is not held: 6 seeds, off
+    # a seed one of whose jobs was killed (dropped before landing) is not whole: its other jobs
+    # wait (no claim reads a seed some arms lack), as does a seed all of whose jobs ran but one
     killed = run(6)[1].iloc[:1]
-    assert "would hold 6 seeds" in script.off_look(name, paths, repro, [("seed", ["6"])], killed)
+    held = script.off_look(name, paths, repro, [("seed", ["6"])], killed)
+    assert held.startswith(f"{name}: not landed: seed(s) 6 of the conditioning grid lack jobs "
+                           "that ran to their end")  # fmt: skip
+    assert script.broken_seeds(paths, [grid], killed) == [("conditioning", [6])]
+    assert script.broken_seeds(paths, [grid], run(6)[1]) == []
     assert script.off_looks(name, paths, [grid]) == [("conditioning", 6, [3, 7, 12])]
     note = script.off_look_note(name, script.off_looks(name, paths, [grid]))
     assert note.startswith("Seeds off the design's looks: conditioning holds 6 (its looks: 3, "
@@ -612,7 +617,9 @@ def test_a_cut_share_keeps_its_finished_jobs_in_pending(tmp_path, monkeypatch, c
     kept = pd.read_csv(pending.paths(paths)["jobs"])
     held = sorted(zip(kept["arm"], kept["seed"], strict=True))
     assert held == [("adaln", 4), ("adaln_zero", 3), ("adaln_zero", 4)]
-    assert "3 finished job(s) wait in dit_conditioning/pending/" in capsys.readouterr().err
+    said = capsys.readouterr().err  # seed 3 lacks a job: it runs again, seed 4 does not
+    assert "cut short: its 3 finished job(s) are kept in dit_conditioning/pending/" in said
+    assert "seed(s) 3 of the conditioning grid lack jobs that ran to their end" in said
     assert sorted(set(pd.read_csv(pending.paths(paths)["runs"])["seed"])) == [3, 4]
     # finished, the same jobs with seed 3's second arm would hold 5: off the looks still; at
     # 12 (a look) nothing is held, and --collect is named

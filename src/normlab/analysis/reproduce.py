@@ -534,8 +534,8 @@ def keep_cut(name: str, repro: Reproduction, quick: bool, root: Path, seeds: int
         if held is None:
             print(f"{name}: cut at a look: {again}", file=sys.stderr, flush=True)
         else:
-            print(f"{name}: {finished} finished job(s) wait in {paths['runs'].parent.name}/"
-                  "pending/ (commit it): the next run reruns none of them", file=sys.stderr,
+            print(f"{name}: cut short: its {finished} finished job(s) are kept in "
+                  f"{paths['runs'].parent.name}/pending/\n{held}", file=sys.stderr,
                   flush=True)  # fmt: skip
     except Exception as err:  # the cut is the news: this adds to it, never hides it
         print(f"{name}: the finished jobs were not kept in pending/ ({err}): {again}",
@@ -624,6 +624,21 @@ def seeds_held(paths: dict[str, Path], grids: list[Grid], landing: pd.DataFrame 
     return {g.name: len(found.get(g.name, set())) for g in grids if g.seeds is None}
 
 
+def broken_seeds(paths: dict[str, Path], grids: list[Grid], landing: pd.DataFrame
+                 ) -> list[tuple[str, list[int]]]:  # fmt: skip
+    """Per grid (but a pilot): the seeds of a landing (jobs.csv rows) that are not whole with it
+    and the pending jobs (seeds_run: some arm lacks some of the seed's jobs). No claim may read
+    them: a claim pairs its arms by seed, and would read such a seed off the design's looks."""
+    whole = seeds_run(pending.replaced(pending.jobs(paths), landing), grids, ok_only=False)
+    found = []
+    for g in grids:
+        mine = {int(s) for s in landing.loc[of_grid(landing, g), "seed"]}
+        broken = sorted(mine - whole.get(g.name, set()))
+        if broken and g.seeds is None:
+            found.append((g.name, broken))
+    return found
+
+
 LOOK = "look"  # jobs.csv: the seed count a sequenced landing left its grid at, a look of the design
 
 
@@ -679,8 +694,18 @@ def off_look(name: str, paths: dict[str, Path], repro: Reproduction, subset: Sub
              landing: pd.DataFrame) -> str | None:  # fmt: skip
     """Why a --subset run's jobs (`landing`, their jobs.csv rows) may not land yet, or None: with
     them a grid would hold a seed count that is none of its looks (`off_looks`, with the pending
-    seeds). They wait in NAME/pending/ for the run that completes the look."""
+    seeds), or it holds a seed of which some jobs did not run to their end (killed, or a share
+    cut short: `broken_seeds`). They wait in NAME/pending/ for the run that completes the look,
+    or the seed."""
     seeds = _seeds(subset)
+    broken = broken_seeds(paths, list(repro.grids), landing) if seeds else []
+    if broken:
+        grid, which = broken[0]
+        return (f"{name}: not landed: seed(s) {', '.join(map(str, which))} of the {grid} grid "
+                "lack jobs that ran to their end; their rows wait in "
+                f"{paths['runs'].parent.name}/pending/ (commit it) until the seed is whole "
+                f"(`python scripts/reproduce.py {name} --decide` runs it, reusing the finished "
+                "jobs a sweep dir holds)")  # fmt: skip
     waiting = pending.read(pending.paths(paths)["jobs"]) is not None  # they land with it
     off = off_looks(name, paths, list(repro.grids), landing) if seeds or waiting else []
     if not off:
