@@ -128,5 +128,6 @@ def note(evidence: dict[str, Path]) -> str:
                      for s, arms in sorted(by_seeds.items()))  # fmt: skip
     return (f"Run, not yet read: {held} ({len(frame)} jobs, their rows in "
             f"{evidence['runs'].parent.name}/pending/). With them a grid would hold a seed count "
-            "none of its looks; the run that completes the look (`--decide`) lands them with its "
-            "own, and reruns none.")
+            "none of its looks, or a seed some of whose jobs did not run; the run that completes "
+            "the look (`--decide`) lands them with its own, and reruns none but a seed's that is "
+            "not whole.")
