@@ -480,8 +480,9 @@ def test_a_subset_run_lands_only_where_its_grid_then_holds_one_of_its_looks(tmp_
     held = script.off_look(name, paths, repro, [("seed", ["6"])], killed)
     assert held.startswith(f"{name}: not landed: seed(s) 6 of the conditioning grid lack jobs "
                            "that ran to their end")  # fmt: skip
-    assert script.broken_seeds(paths, [grid], killed) == [("conditioning", [6])]
-    assert script.broken_seeds(paths, [grid], run(6)[1]) == []
+    for landing, broken in ((killed, [("conditioning", [6])]), (run(6)[1], [])):
+        whole = script.whole_seeds(paths, [grid], landing)
+        assert script.broken_seeds([grid], landing, whole) == broken
     assert script.off_looks(name, paths, [grid]) == [("conditioning", 6, [3, 7, 12])]
     note = script.off_look_note(name, script.off_looks(name, paths, [grid]))
     assert note.startswith("Seeds off the design's looks: conditioning holds 6 (its looks: 3, "

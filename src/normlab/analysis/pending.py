@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from normlab.files import atomic_write
+from normlab.sweep.summary import job_key
 
 RUN_KEY = ["arm", "seed"]  # a runs.csv row's job (an arm's setting, `batchnorm/b2`, is its arm)
 JOB_KEY = ["arm", "seed", "overrides"]  # a jobs.csv row's
@@ -60,14 +61,13 @@ def _without(frame: pd.DataFrame, other: pd.DataFrame, columns: list[str]) -> pd
 
 def _keys(frame: pd.DataFrame, columns: list[str]) -> pd.Series:
     """Each row's job, as one string of its `columns` (those the frame has); its overrides in any
-    order (normlab.sweep.summary.same_job: a sweep that lists its keys in another order runs the
-    same jobs)."""
+    order (normlab.sweep.summary.job_key)."""
     held = [c for c in columns if c in frame]
     if frame.empty:
         return pd.Series([], index=frame.index, dtype=str)
     cells = frame[held].astype(str)
     if "overrides" in cells:
-        cells["overrides"] = cells["overrides"].map(lambda o: " ".join(sorted(o.split())))
+        cells["overrides"] = cells["overrides"].map(job_key)
     return cells.agg("\x1f".join, axis=1)
 
 

@@ -524,13 +524,14 @@ def keep_cut(name: str, repro: Reproduction, quick: bool, root: Path, seeds: int
     try:
         runs = finished_runs(repro, quick, root, seeds)
         frame = sweep.jobs_frame(runs) if runs else None
-        finished = int(_jobs_at(frame, subset).sum()) if frame is not None else 0
+        at = _jobs_at(frame, subset) if frame is not None else None
+        finished = int(at.sum()) if at is not None else 0
         if not finished:
             return
         paths = report.evidence_paths(sweep.figures_dir(root, quick), name)
         with file_lock(sweep.sweep_dir(root, name, quick) / EVIDENCE_LOCK):
             held = hold(name, paths, repro, lambda: repro.extract(runs)[report.RUNS_COLUMNS],
-                        frame, subset)  # fmt: skip
+                        frame, subset, at)  # fmt: skip
         if held is None:
             print(f"{name}: cut at a look: {again}", file=sys.stderr, flush=True)
         else:
@@ -558,19 +559,22 @@ def land_or_hold(name: str, paths: dict[str, Path], repro: Reproduction, data: p
         print(waiting, flush=True)
         return None
     data, jobs, rows, ran = pending.join(paths, data, jobs, rows, ran, partial(_of_grids, repro))
-    jobs = stamp_looks(jobs, ran, seeds_held(paths, list(repro.grids), jobs[ran(jobs)]), repro)
+    held = whole_seeds(paths, list(repro.grids), jobs[ran(jobs)])
+    jobs = stamp_looks(jobs, ran, {g: len(seeds) for g, seeds in held.items()}, repro)
     drawn = land_and_draw(data, jobs, paths, merge, rows, ran, draw)
     pending.release(paths, data[rows(data)], jobs[ran(jobs)], report.FLOAT)
     return drawn
 
 
 def hold(name: str, paths: dict[str, Path], repro: Reproduction, data: Callable[[], pd.DataFrame],
-         jobs: pd.DataFrame, subset: Subset) -> str | None:  # fmt: skip
-    """Where a share of a grid (`jobs`: jobs.csv rows, the share's those at `subset`) would leave
-    it off its looks (`off_look`): its rows (`data()`: runs.csv's) wait, committed, in
-    NAME/pending/ for the run that completes the look, and why (None: they may land)."""
+         jobs: pd.DataFrame, subset: Subset, at: pd.Series | None = None
+         ) -> str | None:  # fmt: skip
+    """Where a share of a grid (`jobs`: jobs.csv rows, the share's those at `subset`, `at` where
+    the caller has them) would leave it off its looks (`off_look`): its rows (`data()`: runs.csv's)
+    wait, committed, in NAME/pending/ for the run that completes the look, and why (None: they
+    may land)."""
     ran = partial(_jobs_at, subset=subset)
-    waiting = off_look(name, paths, repro, subset, jobs[ran(jobs)])
+    waiting = off_look(name, paths, repro, subset, jobs[ran(jobs) if at is None else at])
     if waiting:
         land_evidence(data(), jobs, pending.paths(paths), True,
                       partial(repro.rows_at, subset=subset), ran)  # fmt: skip
@@ -600,42 +604,42 @@ def looks(name: str, paths: dict[str, Path], grids: list[Grid],
 
 
 def off_looks(name: str, paths: dict[str, Path], grids: list[Grid],
-              landing: pd.DataFrame | None = None,
-              claims: pd.DataFrame | None = None) -> list[tuple[str, int, list[int]]]:  # fmt: skip
+              landing: pd.DataFrame | None = None, claims: pd.DataFrame | None = None,
+              whole: dict[str, set[int]] | None = None) -> list[tuple[str, int, list[int]]]:
     """The grids whose evidence holds a seed count none of its looks (`looks`), each with that
     count and its looks: a claim read there is looked at once more than the design's simulated
     error rate covers. With `landing` (a landing's jobs.csv rows), the count it would hold with
-    those and the pending ones (normlab.analysis.pending). A seed counts once all its jobs ran,
-    failed or not (a failed job is the evidence's too); a pilot's seeds are its own."""
-    counts = seeds_held(paths, grids, landing)
+    those and the pending ones (normlab.analysis.pending); `whole`: whole_seeds of the same, where
+    the caller has them. A pilot's seeds are its own."""
+    whole = whole_seeds(paths, grids, landing) if whole is None else whole
     allowed = looks(name, paths, grids, claims)
-    return [(g, n, allowed[g]) for g, n in counts.items() if n and n not in allowed[g]]
+    return [(g, len(s), allowed[g]) for g, s in whole.items() if s and len(s) not in allowed[g]]
 
 
-def seeds_held(paths: dict[str, Path], grids: list[Grid], landing: pd.DataFrame | None = None
-               ) -> dict[str, int]:  # fmt: skip
-    """Per grid (but a pilot, whose seeds are its own): how many seeds its evidence holds, a seed
-    counted once all its jobs ran (failed or not); with `landing` (a landing's jobs.csv rows, in
-    place of the same jobs'), with those and the pending ones."""
+def whole_seeds(paths: dict[str, Path], grids: list[Grid], landing: pd.DataFrame | None = None
+                ) -> dict[str, set[int]]:  # fmt: skip
+    """Per grid (but a pilot, whose seeds are its own): the seeds its evidence holds whole, each
+    with all its jobs run (failed or not: a failed job is the evidence's too); with `landing` (a
+    landing's jobs.csv rows, in place of the same jobs'), with those and the pending ones."""
     held = pending.jobs(paths, with_pending=landing is not None)
     if landing is not None:
         held = pending.replaced(held, landing)
     found = seeds_run(held, grids, ok_only=False)
-    return {g.name: len(found.get(g.name, set())) for g in grids if g.seeds is None}
+    return {g.name: found.get(g.name, set()) for g in grids if g.seeds is None}
 
 
-def broken_seeds(paths: dict[str, Path], grids: list[Grid], landing: pd.DataFrame
+def broken_seeds(grids: list[Grid], landing: pd.DataFrame, whole: dict[str, set[int]]
                  ) -> list[tuple[str, list[int]]]:  # fmt: skip
     """Per grid (but a pilot): the seeds of a landing (jobs.csv rows) that are not whole with it
-    and the pending jobs (seeds_run: some arm lacks some of the seed's jobs). No claim may read
-    them: a claim pairs its arms by seed, and would read such a seed off the design's looks."""
-    whole = seeds_run(pending.replaced(pending.jobs(paths), landing), grids, ok_only=False)
+    and the pending jobs (`whole`: whole_seeds with the landing; some arm lacks some of the
+    seed's jobs). No claim may read them: a claim pairs its arms by seed, and would read such a
+    seed off the design's looks."""
     found = []
     for g in grids:
-        mine = {int(s) for s in landing.loc[of_grid(landing, g), "seed"]}
-        broken = sorted(mine - whole.get(g.name, set()))
-        if broken and g.seeds is None:
-            found.append((g.name, broken))
+        if g.name in whole:
+            mine = {int(s) for s in landing.loc[of_grid(landing, g), "seed"]}
+            if broken := sorted(mine - whole[g.name]):
+                found.append((g.name, broken))
     return found
 
 
@@ -697,8 +701,9 @@ def off_look(name: str, paths: dict[str, Path], repro: Reproduction, subset: Sub
     seeds), or it holds a seed of which some jobs did not run to their end (killed, or a share
     cut short: `broken_seeds`). They wait in NAME/pending/ for the run that completes the look,
     or the seed."""
-    seeds = _seeds(subset)
-    broken = broken_seeds(paths, list(repro.grids), landing) if seeds else []
+    seeds, grids = _seeds(subset), list(repro.grids)
+    whole = whole_seeds(paths, grids, landing)
+    broken = broken_seeds(grids, landing, whole) if seeds else []
     if broken:
         grid, which = broken[0]
         return (f"{name}: not landed: seed(s) {', '.join(map(str, which))} of the {grid} grid "
@@ -707,7 +712,7 @@ def off_look(name: str, paths: dict[str, Path], repro: Reproduction, subset: Sub
                 f"(`python scripts/reproduce.py {name} --decide` runs it, reusing the finished "
                 "jobs a sweep dir holds)")  # fmt: skip
     waiting = pending.read(pending.paths(paths)["jobs"]) is not None  # they land with it
-    off = off_looks(name, paths, list(repro.grids), landing) if seeds or waiting else []
+    off = off_looks(name, paths, grids, landing, whole=whole) if seeds or waiting else []
     if not off:
         return None
     grid, n, allowed = off[0]

@@ -106,10 +106,16 @@ def _markdown(rows: list[dict[str, str]], columns: list[str]) -> str:
     return markdown_table(shown, ([row.get(c, "") for c in shown] for row in rows), 200) + "\n"
 
 
+def job_key(overrides: str) -> str:
+    """A job's overrides in one order: the same for the same overrides in any order (a
+    reproduction that moves an override between its lists, or a sweep that lists its keys in
+    another order, runs the same job)."""
+    return " ".join(sorted(overrides.split()))
+
+
 def same_job(a: str, b: str) -> bool:
-    """Whether two override strings name the same job: the same overrides, in any order (a
-    reproduction that moves an override between its lists runs the same job)."""
-    return sorted(a.split()) == sorted(b.split())
+    """Whether two override strings name the same job (job_key)."""
+    return job_key(a) == job_key(b)
 
 
 def update_row(sweep_dir: str | Path, row: dict[str, Any]) -> None:
