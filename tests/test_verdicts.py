@@ -469,6 +469,10 @@ def test_a_subset_run_lands_only_where_its_grid_then_holds_one_of_its_looks(tmp_
                            "hold 6 seeds, none of its looks (3, 7, 12")  # fmt: skip
     assert held.endswith(f"`python scripts/reproduce.py {name} --decide`), which reruns none "
                          "of them")  # fmt: skip
+    # a share cut short names the seeds it keeps, not every seed its --subset asked for
+    cut = script.off_look(name, paths, repro, run(5, 6)[0], run(5)[1])
+    assert cut.startswith(f"{name}: not landed: with seed(s) 5 the conditioning grid would hold "
+                          "6 seeds")  # fmt: skip
     # a seed whose job failed ran all the same: the evidence holds it (it is not read as ok)
     jobs.append(("adaln", 5, "failed"))
     jobs.append(("adaln_zero", 5, "ok"))

@@ -716,7 +716,8 @@ def off_look(name: str, paths: dict[str, Path], repro: Reproduction, subset: Sub
     if not off:
         return None
     grid, n, allowed = off[0]
-    return (f"{name}: not landed: with seed(s) {', '.join(map(str, sorted(seeds)))} the {grid} "
+    kept = sorted({int(s) for s in landing["seed"]})  # not the subset's: a cut keeps fewer
+    return (f"{name}: not landed: with seed(s) {', '.join(map(str, kept))} the {grid} "
             f"grid would hold {n} seeds, none of its looks ({', '.join(map(str, allowed))}: the "
             "first seeds, the plan, the cap); their rows wait in "
             f"{paths['runs'].parent.name}/pending/ (commit it) for the run that completes the "
