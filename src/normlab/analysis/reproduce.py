@@ -524,14 +524,13 @@ def keep_cut(name: str, repro: Reproduction, quick: bool, root: Path, seeds: int
     try:
         runs = finished_runs(repro, quick, root, seeds)
         frame = sweep.jobs_frame(runs) if runs else None
-        at = _jobs_at(frame, subset) if frame is not None else None
-        finished = int(at.sum()) if at is not None else 0
+        finished = int(_jobs_at(frame, subset).sum()) if frame is not None else 0
         if not finished:
             return
         paths = report.evidence_paths(sweep.figures_dir(root, quick), name)
         with file_lock(sweep.sweep_dir(root, name, quick) / EVIDENCE_LOCK):
             held = hold(name, paths, repro, lambda: repro.extract(runs)[report.RUNS_COLUMNS],
-                        frame, subset, at)  # fmt: skip
+                        frame, subset)  # fmt: skip
         if held is None:
             print(f"{name}: cut at a look: {again}", file=sys.stderr, flush=True)
         else:
@@ -567,14 +566,12 @@ def land_or_hold(name: str, paths: dict[str, Path], repro: Reproduction, data: p
 
 
 def hold(name: str, paths: dict[str, Path], repro: Reproduction, data: Callable[[], pd.DataFrame],
-         jobs: pd.DataFrame, subset: Subset, at: pd.Series | None = None
-         ) -> str | None:  # fmt: skip
-    """Where a share of a grid (`jobs`: jobs.csv rows, the share's those at `subset`, `at` where
-    the caller has them) would leave it off its looks (`off_look`): its rows (`data()`: runs.csv's)
-    wait, committed, in NAME/pending/ for the run that completes the look, and why (None: they
-    may land)."""
+         jobs: pd.DataFrame, subset: Subset) -> str | None:
+    """Where a share of a grid (`jobs`: jobs.csv rows, the share's those at `subset`) would leave
+    it off its looks (`off_look`): its rows (`data()`: runs.csv's) wait, committed, in
+    NAME/pending/ for the run that completes the look, and why (None: they may land)."""
     ran = partial(_jobs_at, subset=subset)
-    waiting = off_look(name, paths, repro, subset, jobs[ran(jobs) if at is None else at])
+    waiting = off_look(name, paths, repro, subset, jobs[ran(jobs)])
     if waiting:
         land_evidence(data(), jobs, pending.paths(paths), True,
                       partial(repro.rows_at, subset=subset), ran)  # fmt: skip
@@ -702,6 +699,9 @@ def off_look(name: str, paths: dict[str, Path], repro: Reproduction, subset: Sub
     cut short: `broken_seeds`). They wait in NAME/pending/ for the run that completes the look,
     or the seed."""
     seeds, grids = _seeds(subset), list(repro.grids)
+    waiting = pending.read(pending.paths(paths)["jobs"]) is not None  # they land with it
+    if not (seeds or waiting):  # a share of other keys than seeds: nothing to count
+        return None
     whole = whole_seeds(paths, grids, landing)
     broken = broken_seeds(grids, landing, whole) if seeds else []
     if broken:
@@ -711,8 +711,7 @@ def off_look(name: str, paths: dict[str, Path], repro: Reproduction, subset: Sub
                 f"{paths['runs'].parent.name}/pending/ (commit it) until the seed is whole "
                 f"(`python scripts/reproduce.py {name} --decide` runs it, reusing the finished "
                 "jobs a sweep dir holds)")  # fmt: skip
-    waiting = pending.read(pending.paths(paths)["jobs"]) is not None  # they land with it
-    off = off_looks(name, paths, grids, landing, whole=whole) if seeds or waiting else []
+    off = off_looks(name, paths, grids, landing, whole=whole)
     if not off:
         return None
     grid, n, allowed = off[0]
