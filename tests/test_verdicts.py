@@ -527,8 +527,11 @@ def test_seeds_short_of_a_look_wait_committed_in_pending_and_land_with_the_look(
     jobs.to_csv(paths["jobs"], index=False)
     drawn = []
 
+    notes = []
+
     def draw():
         drawn.append(pd.read_csv(paths["runs"]))
+        notes.append(pending.note(paths))  # the md's word on the pending jobs, as drawn
         return {"md": paths["md"]}
 
     def land(seeds, value=1.0):  # a --subset seed=.. run whose sweep dir holds only `seeds`
@@ -552,6 +555,7 @@ def test_seeds_short_of_a_look_wait_committed_in_pending_and_land_with_the_look(
     assert land([4, 6], value=2.0) == {"md": paths["md"]}
     landed = drawn[-1]
     assert sorted(landed["seed"]) == sorted([*range(7)] * 2)
+    assert notes[-1] == ""  # the md drawn at the look says none waits: it read them all
     assert (landed[landed["seed"].isin([4, 6])]["value"] == 2.0).all()
     assert (landed[landed["seed"].isin([3, 5])]["value"] == 1.0).all()
     assert sorted(pd.read_csv(paths["jobs"])["seed"]) == sorted([*range(7)] * 2)

@@ -117,8 +117,11 @@ def release(evidence: dict[str, Path], runs: pd.DataFrame, jobs_: pd.DataFrame,
 
 def note(evidence: dict[str, Path]) -> str:
     """The md's word on the jobs pending ('' where none): each arm's seeds, arms with the same
-    seeds together."""
-    frame = read(paths(evidence)["jobs"])
+    seeds together; those the evidence holds are read (a look's landing draws its md before it
+    releases them)."""
+    frame, landed = read(paths(evidence)["jobs"]), read(evidence["jobs"])
+    if frame is not None and landed is not None:
+        frame = _without(frame, landed, JOB_KEY)
     if frame is None or frame.empty:
         return ""
     by_seeds: dict[tuple[int, ...], list[str]] = {}
