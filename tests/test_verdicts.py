@@ -525,9 +525,7 @@ def test_seeds_short_of_a_look_wait_committed_in_pending_and_land_with_the_look(
     runs, jobs = evidence(range(3))
     runs.to_csv(paths["runs"], index=False)
     jobs.to_csv(paths["jobs"], index=False)
-    drawn = []
-
-    notes = []
+    drawn, notes = [], []
 
     def draw():
         drawn.append(pd.read_csv(paths["runs"]))
