@@ -699,7 +699,7 @@ def off_look(name: str, paths: dict[str, Path], repro: Reproduction, subset: Sub
     cut short: `broken_seeds`). They wait in NAME/pending/ for the run that completes the look,
     or the seed."""
     seeds, grids = _seeds(subset), list(repro.grids)
-    waiting = pending.read(pending.paths(paths)["jobs"]) is not None  # they land with it
+    waiting = pending.paths(paths)["jobs"].is_file()  # they land with it
     if not (seeds or waiting):  # a share of other keys than seeds: nothing to count
         return None
     whole = whole_seeds(paths, grids, landing)
