@@ -232,6 +232,9 @@ def _any_parts(**change) -> list:
     (_any_parts(claim="a at any x"), "part_of is {claim, label} naming an any claim declared"),
     (_any_parts(region={"above": 0}), "an any claim reads no region"),
     ([_entry(gates=["a (trained)", "b, trained"])], "unknown gate arm 'b, trained'"),
+    ([_entry(held_out=True)], "a value claim reads no held_out"),
+    ([_entry(kind="difference", minus={"arm": "b"}, held_out=True, gates=["b", "a (trained)"])],
+     "held_out reads its first two gates as of's arm and minus's (a, b), got b, a"),
 ])  # fmt: skip
 def test_a_bad_entry_of_any_kind_fails_in_one_line_naming_the_file_and_entry(tmp_path, listed,
                                                                              problem):  # fmt: skip

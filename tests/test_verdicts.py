@@ -357,6 +357,35 @@ def test_the_budget_test_flags_a_claim_whose_arms_gap_would_change_one_window_on
     assert gates.decide([_final(values, ("a", "b"))], found, 3, 12)[0].verdict == "holds"
 
 
+def test_a_held_out_claim_takes_the_budget_test_on_its_own_region():
+    """A claim whose values are its arms' held-out loss gap reads its own region one window on:
+    a gap within its margin that only widens on the paper's side keeps its verdict (the gap's
+    sign alone would pass the boundary one window on, and flag it); a gap inside a band that
+    would leave it one window on is flagged."""
+    def data(g80: list[float], g100: list[float]) -> pd.DataFrame:  # b flat, a off b by a gap
+        def curve(at80: float, end: float) -> list[float]:  # 11 points: 80% is the 9th
+            return [3.0] * 8 + [at80, (at80 + end) / 2, end]
+
+        return _data(*[_decaying("a", s, curve(1.0 + lo, 1.0 + hi))
+                       for s, (lo, hi) in enumerate(zip(g80, g100, strict=True))],
+                     *[_decaying("b", s, curve(1.0, 1.0)) for s in range(len(g100))])  # fmt: skip
+
+    g100 = [-0.025, -0.050, -0.065, -0.101]  # a ahead, its sign not past the boundary yet
+    found = gates.gates(data([g + 0.02 for g in g100], g100), ["a", "b"])
+
+    def margin(held_out: bool) -> report.Claim:  # "a at most 0.05 worse than b"
+        return report.Claim("c", "p", "q", g100, (stats.BELOW, 0.05), source="paper",
+                            arms=("a", "b"), final=True, held_out=held_out)  # fmt: skip
+
+    assert gates.decide([margin(True)], found, 3, 12)[0].verdict == "holds"
+    assert gates.decide([margin(False)], found, 3, 12)[0].verdict == "budget-dependent: a against b"
+    level = [0.0, 0.01, -0.01, 0.005]  # inside +-0.05 now, 0.06 lower one window on
+    found = gates.gates(data([g + 0.06 for g in level], level), ["a", "b"])
+    band = report.Claim("c", "p", "q", level, (-0.05, 0.05), source="paper", arms=("a", "b"),
+                        final=True, held_out=True)  # fmt: skip
+    assert gates.decide([band], found, 3, 12)[0].verdict == "budget-dependent: a against b"
+
+
 def test_an_absent_effect_is_concluded_by_two_one_sided_tests_within_the_band():
     near = [0.01, -0.02, 0.0, 0.015, -0.01, 0.005]
     kw = {"absent": (-0.1, 0.1), "absent_why": "a rule"}

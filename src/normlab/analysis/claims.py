@@ -19,6 +19,10 @@ as a long table (arm, seed, x, metric, value: runs.csv's columns), of which an e
       paper: "GN 24.1% vs BN 34.7%"      # the paper's number, quoted
       absent: {fraction: 0.1, paper: [23.6, 34.7], why: "..."}  # an equivalence band (BANDS)
 
+A final difference of held-out losses (`held_out: true`; its first two gates are `of`'s arm and
+`minus`'s) takes the budget test on its own region one window on; any other final claim, on the
+sign of its arms' held-out loss gap (normlab.analysis.gates.RULES['budget']).
+
 An `interval` claim reads no per-seed values: the analysis computes its interval (e.g. a
 bootstrap over many values a seed) and passes it to `build` with how (`intervals`, by name);
 the entry names it (`interval: "{arm}: r"`) and says what it is an estimate of (`estimate`).
@@ -74,7 +78,7 @@ BANDS = {"fraction": ("fraction", "paper"), "sd": ("sd",), "band": ("band",)}
 KEYS = {"claim", "kind", "quantity", "of", *filter(None, KINDS.values()), "per_seed", "region",
         "gates", "final", "source", "why", "paper", "undecided", "log", "absent", "each",
         "present", "ceiling_against", "untrained_answers", "scale", "precluded", "interval",
-        "estimate", "part_of"}  # fmt: skip
+        "estimate", "part_of", "held_out"}  # fmt: skip
 REGIONS = {"above", "below", "within"}
 CHOICE = {"by", "cases", "default"}  # a value picked by a word: {by, cases} and default, optional
 
@@ -269,12 +273,16 @@ def _check(entry: dict, arms: list[str], where: str) -> None:
         fail(f"{a_kind} claim declares {', '.join(missing)}")
     extra = [key for key in filter(None, KINDS.values()) if key in entry and key != second]
     extra += [key for key in ("scale",) if key in entry and kind != "difference"]
+    extra += [key for key in ("held_out",) if key in entry and (kind != "difference"
+                                                                or "scale" in entry)]  # fmt: skip
     extra += [key for key in ("log",) if key in entry and kind != "value"]
     others = ["quantity", "of", "per_seed", "present"] if kind == "interval" else interval
     others += ["quantity", "of", "per_seed", "region", "gates", "absent"] if kind == "any" else []
     extra += [key for key in dict.fromkeys(others) if key in entry]
     if extra:
         fail(f"{a_kind} claim reads no {', '.join(extra)}")
+    if entry.get("held_out"):
+        _check_held_out(entry, fail)
     if entry["source"] not in PROVENANCE:
         fail(f"source must be one of {', '.join(PROVENANCE)}, got {entry['source']!r}")
     if entry["source"] == "ours" and not entry.get("why"):
@@ -286,6 +294,17 @@ def _check(entry: dict, arms: list[str], where: str) -> None:
                              or sum(b in band for b in BANDS) != 1):  # fmt: skip
         fail(f"absent is one of {', '.join(BANDS)} with its why, got {band!r}")
     _check_arms(entry, arms, fail)
+
+
+def _check_held_out(entry: dict, fail) -> None:
+    """A held_out claim's first two gates are `of`'s arm and `minus`'s, in that order (a gate may
+    qualify its arm: `post/lr1e-3/w0 (trained seeds)`): the budget test reads its gap there.
+    Checked once the data filled them (an unfilled {name} may stand for both)."""
+    gates = [str(g).split(" (")[0] for g in entry.get("gates", ())][:2]
+    want = [entry["of"]["arm"], entry["minus"]["arm"]]
+    if gates and "{" not in "".join(gates + want) and gates != want:
+        fail(f"held_out reads its first two gates as of's arm and minus's ({', '.join(want)}), "
+             f"got {', '.join(gates)}")
 
 
 def _check_arms(entry: dict, arms: list[str], fail) -> None:
@@ -401,7 +420,7 @@ def _claim(entry: dict, quantities: pd.DataFrame, intervals: dict):
     its arms share."""
     shared = dict(
         source=entry["source"], why=entry.get("why", ""), arms=tuple(entry.get("gates", ())),
-        final=bool(entry.get("final", False)),
+        final=bool(entry.get("final", False)), held_out=bool(entry.get("held_out", False)),
         ceiling_against=tuple(entry.get("ceiling_against", ())),
         untrained_answers=tuple(entry.get("untrained_answers", ())),
         precluded=entry.get("precluded", ""),  # e.g. "{apart}": the analysis's words, or none

@@ -76,7 +76,8 @@ RULES = {
     "budget": "for a claim comparing final values of an arm on a decaying schedule: its "
     "per-seed quantity at 80% and 100% of the steps (where the quantity is measured at the end "
     "only, the held-out loss gap between its arms), extrapolated one more window at the same "
-    "drift; if the verdict (of the gap's sign) would change, the claim reads `budget-dependent`",
+    "drift; if the verdict would change at the sequential boundary (a claim on that gap itself: "
+    "its own, by its region; any other: the gap's sign), the claim reads `budget-dependent`",
     "not saturated": "each seed's value below the quantity's ceiling",
 }
 
@@ -481,12 +482,16 @@ ABSENT = "absent at this scale"
 
 def _budget(claim, found: list[Gate]) -> str:
     """The budget test of a claim comparing final values (RULES['budget']): the pair of arms
-    whose held-out loss gap would change its verdict one window on, or ''."""
+    whose held-out loss gap would change its verdict one window on, or ''. A `held_out` claim's
+    values are that gap of its first two arms, so its own region decides; any other's, the
+    gap's sign."""
     if not getattr(claim, "final", False):
         return ""
     ends = {g.arm: {s: (a, b) for s, a, b in g.ends} for g in found
             if g.gate == "converged" and g.ends}  # fmt: skip
-    arms = [a for a in claim_arms(claim) if a in ends]
+    own = getattr(claim, "held_out", False)
+    arms = [a for a in (claim.arms[:2] if own else claim_arms(claim)) if a in ends]
+    region = claim.region if own else (0.0, stats.ABOVE)
     for other in arms[1:]:
         seeds = sorted(set(ends[arms[0]]) & set(ends[other]))
         if len(seeds) < MIN_SEEDS:
@@ -495,7 +500,7 @@ def _budget(claim, found: list[Gate]) -> str:
                for s in seeds]  # fmt: skip
         now = [g100 for g100, _ in gap]
         later = [2 * g100 - g80 for g100, g80 in gap]
-        if _sign(now) != _sign(later):
+        if _decided(now, region) != _decided(later, region):
             return f"{arms[0]} against {other}"
     return ""
 
@@ -507,11 +512,13 @@ def claim_arms(claim) -> tuple[str, ...]:
     return tuple(dict.fromkeys([*claim.arms, *(a for part in parts for a in part.arms)]))
 
 
-def _sign(values: list[float]) -> int:
-    """+1 / -1 where the values' mean is past 0 at the sequential boundary, else 0."""
-    if stats.p_value(values, (0.0, stats.ABOVE)) >= sequential.BOUNDARY:
-        return 0
-    return 1 if sum(values) > 0 else -1
+def _decided(values: list[float], region: tuple[float, float]) -> str:
+    """Which side of `region` the values' mean is past at the sequential boundary ('' where
+    neither): the verdict the budget test compares now and one window on."""
+    if stats.p_value(values, region) >= sequential.BOUNDARY:
+        return ""
+    lo, hi = region
+    return stats.HOLDS if lo <= sum(values) / len(values) <= hi else stats.FAILS
 
 
 def decide(claims: list, found: list[Gate], initial: int,

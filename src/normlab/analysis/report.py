@@ -38,6 +38,9 @@ class ClaimBase:
     why: str = field(default="", kw_only=True)  # for an "ours" claim: why this threshold/quantity
     arms: tuple[str, ...] = field(default=(), kw_only=True)  # their gates decide validity
     final: bool = field(default=False, kw_only=True)  # final values: each arm must converge
+    # its values are its first two arms' final held-out loss gap (first minus second): the budget
+    # test reads its own region one window on, not only the gap's sign
+    held_out: bool = field(default=False, kw_only=True)
     # the verdict when the values cannot answer the claim as run (e.g. "not comparable: ..."):
     # shown as gates' invalid verdicts are, and left out of Holm's family
     precluded: str = field(default="", kw_only=True)
