@@ -452,11 +452,8 @@ def _p(claim) -> float:
 
 
 def _side(claim) -> str:
-    interval, (lo, hi) = (
-        claim.interval,
-        claim.region if hasattr(claim, "region") else (claim.parts[claim.deciding].region),
-    )
-    return stats.HOLDS if lo <= interval.mean <= hi else stats.FAILS
+    region = claim.region if hasattr(claim, "region") else claim.parts[claim.deciding].region
+    return stats.side(claim.interval.mean, region)
 
 
 def _sequential(claim, p: float) -> tuple[str, float]:
@@ -517,8 +514,7 @@ def _decided(values: list[float], region: tuple[float, float]) -> str:
     neither): the verdict the budget test compares now and one window on."""
     if stats.p_value(values, region) >= sequential.BOUNDARY:
         return ""
-    lo, hi = region
-    return stats.HOLDS if lo <= sum(values) / len(values) <= hi else stats.FAILS
+    return stats.side(sum(values) / len(values), region)
 
 
 def decide(claims: list, found: list[Gate], initial: int,

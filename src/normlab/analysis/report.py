@@ -159,8 +159,7 @@ class CountClaim(ClaimBase):
         p, d = self.p_value, self.interval.mean
         if math.isnan(p) or p >= sequential.BOUNDARY:
             return stats.UNDECIDED
-        lo, hi = self.region
-        return stats.HOLDS if lo <= d <= hi else stats.FAILS
+        return stats.side(d, self.region)
 
     @property
     def rule(self) -> str:

@@ -124,6 +124,12 @@ def verdict(interval: Interval, region: tuple[float, float], undecided: str = UN
     return undecided
 
 
+def side(mean: float, region: tuple[float, float]) -> str:
+    """The verdict a decided test takes: holds where the mean lies in `region`, else not."""
+    lo, hi = region
+    return HOLDS if lo <= mean <= hi else FAILS
+
+
 def _num(x: float) -> str:
     return f"{x:g}"
 
